@@ -1,0 +1,59 @@
+// Reading and writing checkpoints. Files are written to a temporary name in
+// the same directory, flushed and renamed, so a crash never leaves a partial
+// file in place of a good one; reads check length and CRC32 before anything
+// in memory changes.
+#pragma once
+
+#include <loom/checkpoint/state.hpp>
+
+#include <ATen/core/ivalue.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace loom {
+
+inline constexpr std::int64_t checkpoint_format_version = 1;
+
+// The file: "LOOMCKPT", u32 version, u64 payload length, u32 CRC32 (all
+// little-endian), then the payload: a torch zip archive (torch::pickle_save)
+// of a dict {"__loom__": metadata, <entry name>: <entry state>, ...}, which
+// Python reads with torch.load(io.BytesIO(data[24:])).
+inline constexpr std::size_t checkpoint_header_size = 24;
+
+struct checkpoint_metadata {
+  std::int64_t world_size = 1;
+  std::int64_t global_rank = 0;
+  std::string strategy;
+  std::string precision;
+};
+
+// Writes bytes to path atomically (temporary file, fsync, rename, fsync dir).
+void write_file_atomically(const std::string& path, const std::vector<char>& bytes);
+
+// Serialises state (with filter) and writes it atomically.
+void save_checkpoint(const std::string& path, const state& state, const state_filter& filter,
+                     const checkpoint_metadata& metadata);
+
+// Reads and verifies a checkpoint file: the entries dict and its metadata.
+struct checkpoint_contents {
+  c10::impl::GenericDict entries{c10::StringType::get(), c10::AnyType::get()};
+  checkpoint_metadata metadata;
+};
+checkpoint_contents read_checkpoint(const std::string& path);
+
+// Restores every entry of `target` from the file, all or nothing: on any error
+// (missing file, corruption, a missing key with strict, a shape or type
+// mismatch) it throws loom::checkpoint_error and nothing has changed. Returns
+// the checkpoint's entries that `target` did not ask for, as owned values.
+state load_checkpoint(const std::string& path, const state& target, bool strict = true);
+
+// A state dict written by LibTorch's torch::save(module, path) or by Python's
+// torch.save(dict(module.state_dict()), path), loaded into module.
+void load_raw_module(const std::string& path, torch::nn::Module& module, bool strict = true);
+// An optimizer written by LibTorch's torch::save(optimizer, path).
+void load_raw_optimizer(const std::string& path, torch::optim::Optimizer& optimizer);
+
+}  // namespace loom

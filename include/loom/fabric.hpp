@@ -1,0 +1,435 @@
+// loom::Fabric<Accelerator, Strategy, Precision>: Lightning Fabric's API with
+// the three policies as types. Orchestration only: every decision lives in a
+// policy, and the per-step path (forward, backward, step, collectives) is
+// resolved by the compiler.
+#pragma once
+
+#include <loom/accelerator/cpu.hpp>
+#include <loom/callbacks/callback.hpp>
+#include <loom/checkpoint/io.hpp>
+#include <loom/checkpoint/state.hpp>
+#include <loom/compatibility.hpp>
+#include <loom/concepts.hpp>
+#include <loom/data/distributed_sampler.hpp>
+#include <loom/devices.hpp>
+#include <loom/errors.hpp>
+#include <loom/loggers/logger.hpp>
+#include <loom/precision/true_precision.hpp>
+#include <loom/strategy/single_device.hpp>
+#include <loom/util/apply_to_collection.hpp>
+#include <loom/util/seed.hpp>
+#include <loom/wrap/dataloader.hpp>
+#include <loom/wrap/module.hpp>
+#include <loom/wrap/optimizer.hpp>
+
+#include <torch/data/dataloader.h>
+#include <torch/data/datasets/map.h>
+#include <torch/data/transforms/stack.h>
+#include <torch/nn/utils/clip_grad.h>
+
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace loom {
+
+struct fabric_options {
+  devices_spec devices = 1;
+  int num_nodes = 1;
+  std::vector<logger> loggers;
+  std::vector<callback> callbacks;
+};
+
+// Lightning's clip_gradients arguments: exactly one of clip_val and max_norm.
+struct clip_options {
+  std::optional<double> clip_val;
+  std::optional<double> max_norm;
+  double norm_type = 2.0;
+  bool error_if_nonfinite = true;
+};
+
+namespace detail {
+template <class A, class S, class P>
+constexpr bool diagnose_fabric() {
+  if constexpr (!diagnose_accelerator<A>()) return false;
+  else if constexpr (!diagnose_strategy<S>()) return false;
+  else if constexpr (!diagnose_precision<P>()) return false;
+  else return diagnose_combination<A, S, P>();
+}
+
+template <class T>
+inline constexpr bool is_vector = false;
+template <class T, class Alloc>
+inline constexpr bool is_vector<std::vector<T, Alloc>> = true;
+
+// A value Fabric.log accepts: a number or a one-element tensor.
+inline metric_value to_metric(const at::Tensor& value) {
+  if (value.numel() != 1) {
+    throw configuration_error("fabric.log: a logged tensor must hold one element, this one has " +
+                              std::to_string(value.numel()));
+  }
+  if (value.is_floating_point()) return value.item<double>();
+  if (value.scalar_type() == at::kBool) return static_cast<std::int64_t>(value.item<bool>());
+  return value.item<std::int64_t>();
+}
+template <class T>
+metric_value to_metric(const T& value) {
+  if constexpr (std::is_integral_v<T>) return static_cast<std::int64_t>(value);
+  else return static_cast<double>(value);
+}
+}  // namespace detail
+
+template <class A, class S = single_device, class P = fp32>
+class Fabric {
+  static_assert(detail::diagnose_fabric<A, S, P>());
+
+ public:
+  using accelerator_type = A;
+  using strategy_type = S;
+  using precision_type = P;
+  template <class Holder>
+  using module_type = fabric_module<Holder, S, P, A::device_type>;
+  template <class O>
+  using optimizer_type = fabric_optimizer<O, S, P>;
+
+  explicit Fabric(fabric_options options = {}, S strategy = {}, P precision = {})
+      : strategy_(std::move(strategy)), precision_(std::move(precision)), loggers_(std::move(options.loggers)) {
+    const device_selection selection = A::parse_devices(options.devices);
+    if (options.num_nodes < 1) {
+      throw configuration_error("num_nodes=" + std::to_string(options.num_nodes) + " is not valid: it must be >= 1");
+    }
+    if constexpr (!is_distributed<S>) {
+      if (selection.count() != 1 || options.num_nodes != 1) {
+        throw configuration_error(
+            "strategy '" + std::string(S::name) + "' runs one process on one device, but devices=" +
+            options.devices.to_string() + " and num_nodes=" + std::to_string(options.num_nodes) + " ask for " +
+            std::to_string(selection.count() * options.num_nodes) +
+            ". Use devices=1, or a distributed strategy such as loom::ddp.");
+      }
+    }
+    strategy_environment environment;
+    environment.devices_per_node = selection.count();
+    environment.num_nodes = options.num_nodes;
+    environment.device = A::device(selection, 0);
+    strategy_.setup_environment(environment);
+    for (auto& entry : options.callbacks) callbacks_.add(std::move(entry));
+  }
+
+  // Wrappers returned by setup point into this object.
+  Fabric(const Fabric&) = delete;
+  Fabric& operator=(const Fabric&) = delete;
+  Fabric(Fabric&&) = delete;
+  Fabric& operator=(Fabric&&) = delete;
+
+  // ---------------------------------------------------------------- launch
+  // Starts the other processes of the strategy; with one process there are none.
+  void launch() {
+    if constexpr (requires { strategy_.launch(); }) strategy_.launch();
+  }
+  // Runs fn(fabric) on every process of the strategy.
+  template <class Function>
+  decltype(auto) launch(Function&& function) {
+    launch();
+    return std::forward<Function>(function)(*this);
+  }
+
+  // ----------------------------------------------------------------- setup
+  // The module converted to the precision and moved to the device, and each
+  // optimizer wired to step through the strategy and precision. Returns the
+  // module alone when no optimizer is given, else a tuple.
+  template <ModuleHolder Holder, class... Optimizers>
+  auto setup(Holder module, Optimizers&... optimizers) {
+    auto wrapped = setup_module(std::move(module));
+    if constexpr (sizeof...(Optimizers) == 0) {
+      return wrapped;
+    } else {
+      return std::tuple<module_type<Holder>, optimizer_type<Optimizers>...>(std::move(wrapped),
+                                                                            wrap_optimizer(optimizers)...);
+    }
+  }
+
+  template <ModuleHolder Holder>
+  module_type<Holder> setup_module(Holder module, bool move_to_device = true) {
+    static_assert(!needs_joint_setup<S>,
+                  "loom::Fabric::setup_module: this strategy sets up the module and its optimizers together; call "
+                  "fabric.setup(module, optimizer...) instead.");
+    torch::nn::Module& impl = *module;
+    precision_.convert_module(impl);
+    if (move_to_device) strategy_.setup_module(impl);
+    return module_type<Holder>(std::move(module), strategy_, precision_);
+  }
+
+  template <class... Optimizers>
+    requires(sizeof...(Optimizers) > 0)
+  auto setup_optimizers(Optimizers&... optimizers) {
+    static_assert(!needs_joint_setup<S>,
+                  "loom::Fabric::setup_optimizers: this strategy sets up the module and its optimizers together; "
+                  "call fabric.setup(module, optimizer...) instead.");
+    if constexpr (sizeof...(Optimizers) == 1) return wrap_optimizer(optimizers...);
+    else return std::tuple<optimizer_type<Optimizers>...>(wrap_optimizer(optimizers)...);
+  }
+
+  // Builds a LibTorch loader over dataset (a torch::data dataset: per-example,
+  // whose examples are stacked, or batch-producing such as
+  // loom::data::tensor_dataset), with the strategy's sampler; batches arrive
+  // on the device.
+  template <class Dataset>
+  auto setup_dataloaders(Dataset dataset, const loader_options& options) {
+    if constexpr (detail::is_vector<typename Dataset::BatchType>) {
+      return build_loader(std::move(dataset).map(torch::data::transforms::Stack<>()), options);
+    } else {
+      return build_loader(std::move(dataset), options);
+    }
+  }
+
+  // A loader the user built: batches are moved to the device, nothing else.
+  template <class Loader>
+  auto setup_dataloaders(std::unique_ptr<Loader> loader, bool move_to_device = true) {
+    static_assert(!needs_distributed_sampler<S>,
+                  "loom::Fabric::setup_dataloaders(loader): this strategy shards data with a distributed sampler, "
+                  "which loom can insert only into a loader it builds. Pass the dataset and loom::loader_options "
+                  "instead.");
+    return fabric_dataloader<Loader>(std::move(loader), strategy_.root_device(), move_to_device, nullptr,
+                                     std::nullopt);
+  }
+
+  // -------------------------------------------------------------- training
+  void backward(const at::Tensor& loss) { precision_.backward(loss); }
+
+  // Unscales the gradients first (16-mixed), then clips by norm or by value.
+  // Returns the total norm when clipping by norm.
+  template <class Module, class Optimizer>
+  std::optional<double> clip_gradients(Module& module, Optimizer& optimizer, const clip_options& options) {
+    static_assert(is_fabric_module<Module> && is_fabric_optimizer<Optimizer>,
+                  "loom::Fabric::clip_gradients(module, optimizer, options): pass the module and optimizer that "
+                  "fabric.setup returned.");
+    if (options.clip_val.has_value() == options.max_norm.has_value()) {
+      throw configuration_error(options.clip_val ? "clip_gradients: clip by value or by norm, not both"
+                                                 : "clip_gradients: give clip_val or max_norm");
+    }
+    precision_.unscale_gradients(optimizer.optimizer(), optimizer.slot());
+    auto parameters = module->parameters();
+    if (options.clip_val) {
+      torch::nn::utils::clip_grad_value_(parameters, *options.clip_val);
+      return std::nullopt;
+    }
+    return torch::nn::utils::clip_grad_norm_(parameters, *options.max_norm, options.norm_type,
+                                             options.error_if_nonfinite);
+  }
+
+  // The precision's forward context, for code outside the wrapped forward.
+  auto autocast() const { return precision_.forward_context(A::device_type); }
+
+  // Under DDP, skips gradient synchronisation for the backward passes inside
+  // the guard's lifetime. A compile error where the strategy cannot skip it.
+  template <class Module>
+  auto no_backward_sync(Module& module, bool enabled = true) {
+    static_assert(supports_no_backward_sync<S>,
+                  "loom::Fabric::no_backward_sync: this strategy cannot skip gradient synchronisation (it has no "
+                  "`supports_no_backward_sync`). Use it with loom::ddp or loom::single_device, or accumulate "
+                  "without it.");
+    static_assert(is_fabric_module<Module>,
+                  "loom::Fabric::no_backward_sync(module): pass the module that fabric.setup returned.");
+    return strategy_.no_backward_sync(*module, enabled);
+  }
+
+  // Tensors (or containers of them) moved to the device.
+  template <class T>
+  auto to_device(T&& value) const {
+    if constexpr (ModuleHolder<T>) {
+      value->to(strategy_.root_device());
+      return std::forward<T>(value);
+    } else {
+      const c10::Device device = strategy_.root_device();
+      return apply_to_collection(std::forward<T>(value),
+                                 [&device](const at::Tensor& t) { return detail::move_tensor(t, device); });
+    }
+  }
+
+  // While alive, new tensors and modules get the precision's dtype. LibTorch
+  // 1.13 has no default device: modules are moved at setup.
+  auto init_tensor() const { return precision_.init_context(); }
+  // empty_init is accepted for Lightning parity; it has no effect until a
+  // sharded strategy can skip the initialisation.
+  auto init_module(bool /*empty_init*/ = false) const { return precision_.init_context(); }
+
+  std::uint64_t seed_everything(std::optional<std::uint64_t> seed = std::nullopt) {
+    return loom::seed_everything(seed);
+  }
+
+  // ---------------------------------------------------------- processes
+  int global_rank() const { return strategy_.global_rank(); }
+  int local_rank() const { return strategy_.local_rank(); }
+  int node_rank() const { return strategy_.node_rank(); }
+  int world_size() const { return strategy_.world_size(); }
+  bool is_global_zero() const { return strategy_.global_rank() == 0; }
+  c10::Device device() const { return strategy_.root_device(); }
+  S& strategy() noexcept { return strategy_; }
+  P& precision() noexcept { return precision_; }
+
+  void barrier() { strategy_.barrier(); }
+
+  // Prints its arguments, separated by spaces, on global rank zero.
+  template <class... Args>
+  void print(const Args&... args) const {
+    if (!is_global_zero()) return;
+    std::ostringstream line;
+    bool first = true;
+    ((line << (first ? "" : " ") << args, first = false), ...);
+    line << '\n';
+    std::cout << line.str() << std::flush;
+  }
+
+  // Rank zero runs the guarded block first, the others wait for it (e.g. to
+  // download or preprocess once).
+  auto rank_zero_first() {
+    struct guard {
+      Fabric* fabric;
+      explicit guard(Fabric* f) : fabric(f) {
+        if (!fabric->is_global_zero()) fabric->barrier();
+      }
+      guard(const guard&) = delete;
+      guard& operator=(const guard&) = delete;
+      ~guard() {
+        if (fabric->is_global_zero()) fabric->barrier();
+      }
+    };
+    return guard(this);
+  }
+
+  // ---------------------------------------------------------- collectives
+  template <class T>
+  auto all_reduce(T&& value, reduce_op op = reduce_op::sum) {
+    return strategy_.all_reduce(std::forward<T>(value), op);
+  }
+  template <class T>
+  auto broadcast(T&& value, int source = 0) {
+    return strategy_.broadcast(std::forward<T>(value), source);
+  }
+  bool reduce_boolean_decision(bool decision, bool all = true) {
+    return strategy_.reduce_boolean_decision(decision, all);
+  }
+
+  // ------------------------------------------------------ loggers, hooks
+  // To every logger, on global rank zero.
+  template <class Value>
+  void log(const std::string& name, const Value& value, std::optional<std::int64_t> step = std::nullopt) {
+    if (!is_global_zero() || loggers_.empty()) return;
+    const metrics values{{name, detail::to_metric(value)}};
+    for (auto& sink : loggers_) sink.log_metrics(values, step);
+  }
+  void log_dict(const metrics& values, std::optional<std::int64_t> step = std::nullopt) {
+    if (!is_global_zero()) return;
+    for (auto& sink : loggers_) sink.log_metrics(values, step);
+  }
+  std::vector<logger>& loggers() noexcept { return loggers_; }
+  // The first logger (Lightning's fabric.logger).
+  logger& first_logger() {
+    if (loggers_.empty()) throw configuration_error("fabric has no logger; pass fabric_options{.loggers = {...}}");
+    return loggers_.front();
+  }
+
+  void add_callback(callback entry) { callbacks_.add(std::move(entry)); }
+  const std::vector<callback>& callbacks() const noexcept { return callbacks_.callbacks(); }
+  template <class Hook, class... Args>
+  void call(Args&&... args) {
+    callbacks_.template call<Hook>(std::forward<Args>(args)...);
+  }
+
+  // --------------------------------------------------------- checkpoints
+  // Written by global rank zero, atomically. Under 16-mixed the scaler's state
+  // is added as "precision".
+  void save(const std::string& path, const state& checkpoint, const state_filter& filter = {}) {
+    if (is_global_zero()) {
+      state full = with_precision(checkpoint);
+      save_checkpoint(path, full, filter, metadata());
+    }
+    barrier();
+  }
+
+  // Restores every entry of checkpoint in place, all or nothing; returns what
+  // the file holds beyond them.
+  state load(const std::string& path, const state& checkpoint, bool strict = true) {
+    return load_checkpoint(path, with_precision(checkpoint), strict);
+  }
+
+  // A state dict written by LibTorch (torch::save) or Python (torch.save of a
+  // plain dict), into a module or (LibTorch only) an optimizer.
+  template <class Target>
+  void load_raw(const std::string& path, Target& target, bool strict = true) {
+    if constexpr (is_fabric_module<Target> || ModuleHolder<Target>) {
+      load_raw_module(path, *target, strict);
+    } else if constexpr (is_fabric_optimizer<Target>) {
+      load_raw_optimizer(path, target.optimizer());
+    } else {
+      static_assert(std::is_base_of_v<torch::optim::Optimizer, Target>,
+                    "loom::Fabric::load_raw(path, target): target must be a module or an optimizer.");
+      load_raw_optimizer(path, target);
+    }
+  }
+
+ private:
+  template <class O>
+  optimizer_type<O> wrap_optimizer(O& optimizer) {
+    return optimizer_type<O>(optimizer, strategy_, precision_, optimizer_slot{next_optimizer_slot_++});
+  }
+
+  template <class Dataset>
+  auto build_loader(Dataset dataset, const loader_options& options) {
+    const auto size = dataset.size();
+    if (!size) throw configuration_error("setup_dataloaders: the dataset has no size; loom needs it to sample");
+    if (options.batch_size == 0) throw configuration_error("setup_dataloaders: batch_size must be positive");
+    data::sampler_options sampling;
+    sampling.num_replicas = static_cast<std::size_t>(strategy_.world_size());
+    sampling.rank = static_cast<std::size_t>(strategy_.global_rank());
+    sampling.shuffle = options.shuffle;
+    sampling.seed = options.seed ? *options.seed : global_seed_from_environment().value_or(0);
+    auto epoch = std::make_shared<data::sampler_epoch>();
+    data::distributed_sampler sampler(*size, sampling, epoch);
+    const std::size_t samples = sampler.num_samples();
+    const std::size_t batches =
+        options.drop_last ? samples / options.batch_size : (samples + options.batch_size - 1) / options.batch_size;
+    using loader_t = torch::data::StatelessDataLoader<Dataset, data::distributed_sampler>;
+    auto loader = std::make_unique<loader_t>(std::move(dataset), std::move(sampler),
+                                             torch::data::DataLoaderOptions()
+                                                 .batch_size(options.batch_size)
+                                                 .workers(options.workers)
+                                                 .drop_last(options.drop_last));
+    return fabric_dataloader<loader_t>(std::move(loader), strategy_.root_device(), options.move_to_device,
+                                       std::move(epoch), batches);
+  }
+
+  state with_precision(const state& checkpoint) {
+    state full = checkpoint;
+    if constexpr (has_precision_state<P>) {
+      if (!full.contains("precision")) {
+        state_entry entry("precision", precision_);
+        full.add(std::move(entry.optional()));
+      }
+    }
+    return full;
+  }
+
+  checkpoint_metadata metadata() const {
+    checkpoint_metadata meta;
+    meta.world_size = strategy_.world_size();
+    meta.global_rank = strategy_.global_rank();
+    meta.strategy = std::string(S::name);
+    meta.precision = std::string(P::name);
+    return meta;
+  }
+
+  S strategy_;
+  P precision_;
+  std::vector<logger> loggers_;
+  callback_registry callbacks_;
+  int next_optimizer_slot_ = 0;
+};
+
+}  // namespace loom

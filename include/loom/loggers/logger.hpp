@@ -1,0 +1,94 @@
+// A logger of any type that has log_metrics (and optionally log_hyperparams,
+// save, finalize). Loggers are off the hot path: type erasure is fine here.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <typeinfo>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace loom {
+
+// A logged number keeps its kind: integers print as integers, as in Python.
+using metric_value = std::variant<std::int64_t, double>;
+// Name -> value, in the order they were logged.
+using metrics = std::vector<std::pair<std::string, metric_value>>;
+using hyperparameter = std::variant<bool, std::int64_t, double, std::string>;
+using hyperparameters = std::vector<std::pair<std::string, hyperparameter>>;
+
+template <class L>
+concept Logger = requires(L& logger, const metrics& values, std::optional<std::int64_t> step) {
+  logger.log_metrics(values, step);
+};
+
+class logger {
+ public:
+  template <Logger L>
+    requires(!std::is_same_v<std::remove_cvref_t<L>, logger>)
+  logger(L&& value)  // NOLINT: implicit, so `.loggers = {loom::csv_logger("logs")}` reads naturally
+      : self_(std::make_shared<model<std::remove_cvref_t<L>>>(std::forward<L>(value))) {}
+  template <Logger L>
+  logger(std::shared_ptr<L> shared) : self_(std::make_shared<model<std::shared_ptr<L>>>(std::move(shared))) {}  // NOLINT
+
+  void log_metrics(const metrics& values, std::optional<std::int64_t> step) { self_->log_metrics(values, step); }
+  void log_hyperparams(const hyperparameters& values) { self_->log_hyperparams(values); }
+  void save() { self_->save(); }
+  void finalize(std::string_view status) { self_->finalize(status); }
+
+  // The logger object, when it is an L (nullptr otherwise).
+  template <class L>
+  L* get() const noexcept {
+    return static_cast<L*>(self_->target(typeid(L)));
+  }
+
+ private:
+  struct concept_t {
+    virtual ~concept_t() = default;
+    virtual void log_metrics(const metrics& values, std::optional<std::int64_t> step) = 0;
+    virtual void log_hyperparams(const hyperparameters& values) = 0;
+    virtual void save() = 0;
+    virtual void finalize(std::string_view status) = 0;
+    virtual void* target(const std::type_info& type) noexcept = 0;
+  };
+
+  template <class Held>
+  struct model final : concept_t {
+    explicit model(Held value) : held(std::move(value)) {}
+    auto& get() {
+      if constexpr (requires { held.get(); typename Held::element_type; }) return *held;
+      else return held;
+    }
+    void log_metrics(const metrics& values, std::optional<std::int64_t> step) override {
+      get().log_metrics(values, step);
+    }
+    void log_hyperparams(const hyperparameters& values) override {
+      if constexpr (requires { get().log_hyperparams(values); }) {
+        get().log_hyperparams(values);
+      } else {
+        throw std::logic_error(std::string("this logger (") + typeid(get()).name() +
+                               ") does not log hyperparameters");
+      }
+    }
+    void save() override {
+      if constexpr (requires { get().save(); }) get().save();
+    }
+    void finalize(std::string_view status) override {
+      if constexpr (requires { get().finalize(status); }) get().finalize(status);
+    }
+    void* target(const std::type_info& type) noexcept override {
+      auto& object = get();
+      return typeid(object) == type ? static_cast<void*>(&object) : nullptr;
+    }
+    Held held;
+  };
+
+  std::shared_ptr<concept_t> self_;
+};
+
+}  // namespace loom

@@ -1,0 +1,31 @@
+// loom: Lightning Fabric for C++. The umbrella header: every public part.
+#pragma once
+
+#include <loom/accelerator/cpu.hpp>
+#include <loom/accelerator/cuda.hpp>
+#include <loom/callbacks/callback.hpp>
+#include <loom/callbacks/hooks.hpp>
+#include <loom/checkpoint/io.hpp>
+#include <loom/checkpoint/state.hpp>
+#include <loom/compat.hpp>
+#include <loom/compatibility.hpp>
+#include <loom/concepts.hpp>
+#include <loom/data/distributed_sampler.hpp>
+#include <loom/data/fashion_mnist.hpp>
+#include <loom/data/idx.hpp>
+#include <loom/data/tensor_dataset.hpp>
+#include <loom/devices.hpp>
+#include <loom/errors.hpp>
+#include <loom/fabric.hpp>
+#include <loom/loggers/csv_logger.hpp>
+#include <loom/loggers/logger.hpp>
+#include <loom/precision/autocast.hpp>
+#include <loom/precision/grad_scaler.hpp>
+#include <loom/precision/mixed.hpp>
+#include <loom/precision/true_precision.hpp>
+#include <loom/strategy/single_device.hpp>
+#include <loom/util/apply_to_collection.hpp>
+#include <loom/util/seed.hpp>
+#include <loom/wrap/dataloader.hpp>
+#include <loom/wrap/module.hpp>
+#include <loom/wrap/optimizer.hpp>

@@ -1,0 +1,92 @@
+// What setup_module returns: the user's module, unchanged, whose forward runs
+// through the precision (input/output conversion, forward context) and the
+// strategy (gradient-sync preparation). For fp32 on one device both are empty
+// and forward is exactly module->forward(args...).
+#pragma once
+
+#include <loom/util/apply_to_collection.hpp>
+
+#include <c10/core/DeviceType.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <memory>
+#include <type_traits>
+#include <utility>
+
+namespace loom {
+
+namespace detail {
+// The module class behind a holder: TORCH_MODULE holders and shared_ptrs.
+template <class Holder>
+struct module_impl {};
+template <class Impl>
+struct module_impl<std::shared_ptr<Impl>> {
+  using type = Impl;
+};
+template <class Holder>
+  requires std::derived_from<Holder, torch::nn::ModuleHolder<typename Holder::ContainedType>>
+struct module_impl<Holder> {
+  using type = typename Holder::ContainedType;
+};
+}  // namespace detail
+
+template <class Holder>
+concept ModuleHolder = requires { typename detail::module_impl<std::remove_cvref_t<Holder>>::type; } &&
+                       std::derived_from<typename detail::module_impl<std::remove_cvref_t<Holder>>::type,
+                                         torch::nn::Module>;
+
+template <class Holder>
+using module_impl_t = typename detail::module_impl<std::remove_cvref_t<Holder>>::type;
+
+template <ModuleHolder Holder, class Strategy, class Precision, c10::DeviceType Device>
+class fabric_module {
+ public:
+  using holder_type = Holder;
+  using impl_type = module_impl_t<Holder>;
+
+  fabric_module(Holder module, Strategy& strategy, Precision& precision)
+      : module_(std::move(module)), strategy_(&strategy), precision_(&precision) {}
+
+  template <class... Args>
+  decltype(auto) operator()(Args&&... args) {
+    return forward(std::forward<Args>(args)...);
+  }
+
+  template <class... Args>
+  decltype(auto) forward(Args&&... args) {
+    impl_type& impl = *module_;
+    if constexpr (!Precision::converts_io) {
+      return strategy_->forward(impl, [&]() -> decltype(auto) { return impl.forward(std::forward<Args>(args)...); });
+    } else {
+      const Precision& precision = *precision_;
+      auto to_input = [&precision](const at::Tensor& t) { return precision.convert_input(t); };
+      auto output = [&] {
+        auto context = precision.forward_context(Device);
+        return strategy_->forward(
+            impl, [&] { return impl.forward(apply_to_collection(std::forward<Args>(args), to_input)...); });
+      }();  // the context ends before outputs are converted, as in Lightning
+      return apply_to_collection(std::move(output),
+                                 [&precision](const at::Tensor& t) { return precision.convert_output(t); });
+    }
+  }
+
+  impl_type* operator->() noexcept { return &*module_; }
+  const impl_type* operator->() const noexcept { return &*module_; }
+  impl_type& operator*() noexcept { return *module_; }
+  // The holder the user passed in (shares the module, like every holder copy).
+  Holder& module() noexcept { return module_; }
+  const Holder& module() const noexcept { return module_; }
+
+ private:
+  Holder module_;
+  Strategy* strategy_;
+  Precision* precision_;
+};
+
+template <class T>
+inline constexpr bool is_fabric_module = false;
+template <class H, class S, class P, c10::DeviceType D>
+inline constexpr bool is_fabric_module<fabric_module<H, S, P, D>> = true;
+
+}  // namespace loom

@@ -1,0 +1,388 @@
+// Laws of checkpoints: save then load is the identity; a filter saves a
+// subset; every bad file or mismatching state is a clear error that changes
+// nothing; state dicts from LibTorch and from Python load into modules.
+#include "test_models.hpp"
+
+#include "catch.hpp"
+#include <loom/loom.hpp>
+#include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
+#include <torch/serialize.h>
+
+#include <fstream>
+
+using loom_test::Mlp;
+
+namespace {
+
+// A user-written precision with state: bf16 autocast plus a loss scaler, to
+// show that Fabric saves any stateful precision under "precision" (the path
+// 16-mixed takes on CUDA) on this CPU-only machine.
+struct scaled_bf16_mixed : loom::autocast_precision<c10::ScalarType::BFloat16> {
+  static constexpr std::string_view name = "scaled-bf16-mixed";
+  static constexpr bool has_state = true;
+  void backward(const at::Tensor& loss) { scaler.scale(loss).backward(); }
+  void optimizer_step(torch::optim::Optimizer& optimizer, loom::optimizer_slot slot) {
+    scaler.step(optimizer, slot);
+    scaler.update();
+  }
+  void unscale_gradients(torch::optim::Optimizer& optimizer, loom::optimizer_slot slot) {
+    scaler.unscale_(optimizer, slot);
+  }
+  c10::IValue state_dict() const { return scaler.state_dict(); }
+  void load_state_dict(const c10::IValue& state) { scaler.load_state_dict(state); }
+  loom::grad_scaler scaler{{.init_scale = 4096.0, .growth_interval = 2}};
+};
+
+using fabric_t = loom::Fabric<loom::cpu, loom::single_device, scaled_bf16_mixed>;
+
+struct training_run {
+  fabric_t fabric;
+  Mlp net{4, 8, 2};
+  torch::optim::Adam adam{net->parameters(), torch::optim::AdamOptions(1e-2)};
+  fabric_t::module_type<Mlp> model = fabric.setup_module(net);
+  fabric_t::optimizer_type<torch::optim::Adam> optimizer = fabric.setup_optimizers(adam);
+  std::int64_t step = 0;
+  double best = 0.0;
+  bool finished = false;
+  std::string tag = "none";
+  at::Tensor ema = at::zeros({3});
+
+  void train(int steps) {
+    for (int i = 0; i < steps; ++i) {
+      optimizer.zero_grad();
+      auto loss = model(at::randn({8, 4})).pow(2).mean();
+      fabric.backward(loss);
+      optimizer.step();
+      ++step;
+      best = loss.item<double>();
+      ema = ema * 0.9 + 0.1;
+    }
+  }
+  loom::state state() {
+    return {{"model", model}, {"optimizer", optimizer}, {"step", step}, {"best", best},
+            {"finished", finished}, {"tag", tag}, {"ema", ema}};
+  }
+};
+
+std::map<std::string, at::Tensor> snapshot(const Mlp& net) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& item : net->named_parameters()) out[item.key()] = item.value().detach().clone();
+  return out;
+}
+
+bool same_parameters(const Mlp& net, const std::map<std::string, at::Tensor>& expected) {
+  for (const auto& item : net->named_parameters()) {
+    if (!torch::equal(item.value(), expected.at(item.key()))) return false;
+  }
+  return true;
+}
+
+// The optimizer's state as bytes, to compare two optimizers exactly.
+std::string optimizer_bytes(torch::optim::Optimizer& optimizer) {
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+// Adam's per-parameter state, by parameter position.
+std::vector<at::Tensor> adam_moments(torch::optim::Adam& adam) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : adam.param_groups()[0].params()) {
+    auto& state = static_cast<torch::optim::AdamParamState&>(*adam.state().at(loom::compat::optimizer_state_key(p)));
+    out.push_back(state.exp_avg().clone());
+    out.push_back(state.exp_avg_sq().clone());
+    out.push_back(at::tensor(state.step()));
+  }
+  return out;
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+std::size_t temporary_files(const std::filesystem::path& dir) {
+  std::size_t count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().filename().string().find(".tmp-") != std::string::npos) ++count;
+  }
+  return count;
+}
+
+}  // namespace
+
+TEST_CASE("save then load restores module, optimizer, scaler and values exactly", "[checkpoint]") {
+  loom_test::scratch_dir dir("ckpt-roundtrip");
+  at::manual_seed(1);
+  training_run source;
+  source.train(5);
+  source.finished = true;
+  source.tag = "epoch-1";
+  source.fabric.save(dir.file("run.ckpt"), source.state());
+  REQUIRE(source.fabric.precision().scaler.get_scale() == 4096.0 * 4);  // grew twice in 5 steps
+  REQUIRE(temporary_files(dir.path()) == 0);
+
+  at::manual_seed(2);  // different initial weights
+  training_run target;
+  REQUIRE_FALSE(same_parameters(target.net, snapshot(source.net)));
+  auto remainder = target.fabric.load(dir.file("run.ckpt"), target.state());
+  CHECK(remainder.size() == 0);
+  CHECK(same_parameters(target.net, snapshot(source.net)));
+  const auto want = adam_moments(source.adam);
+  const auto got = adam_moments(target.adam);
+  REQUIRE(want.size() == got.size());
+  for (std::size_t i = 0; i < want.size(); ++i) CHECK(torch::equal(want[i], got[i]));
+  CHECK(static_cast<torch::optim::AdamOptions&>(target.adam.param_groups()[0].options()).lr() == 1e-2);
+  CHECK(target.step == 5);
+  CHECK(target.best == source.best);
+  CHECK(target.finished);
+  CHECK(target.tag == "epoch-1");
+  CHECK(torch::equal(target.ema, source.ema));
+  CHECK(target.fabric.precision().scaler.get_scale() == source.fabric.precision().scaler.get_scale());
+  CHECK(target.fabric.precision().scaler.growth_tracker() == source.fabric.precision().scaler.growth_tracker());
+
+  // Identity: both continue identically from here.
+  at::manual_seed(3);
+  source.train(3);
+  at::manual_seed(3);
+  target.train(3);
+  CHECK(same_parameters(target.net, snapshot(source.net)));
+}
+
+TEST_CASE("owned values are written, read back with get, and unknown entries are returned", "[checkpoint]") {
+  loom_test::scratch_dir dir("ckpt-owned");
+  loom::Fabric<loom::cpu> fabric;
+  Mlp net(4, 8, 2);
+  auto model = fabric.setup(net);
+  fabric.save(dir.file("a.ckpt"), {{"model", model}, {"epoch", 3}, {"lr", 0.5}, {"name", "mlp"}});
+
+  loom::state wanted{{"model", model}, {"epoch", 0}};
+  auto rest = fabric.load(dir.file("a.ckpt"), wanted);
+  CHECK(wanted.get<int>("epoch") == 3);
+  CHECK((rest.names() == std::vector<std::string>{"lr", "name"}));
+  CHECK(rest.get<double>("lr") == 0.5);
+  CHECK(rest.get<std::string>("name") == "mlp");
+  CHECK_THROWS_WITH(rest.get<double>("missing"), Catch::Contains("no entry 'missing'"));
+}
+
+TEST_CASE("a filter saves part of a module; strict loading then names the missing keys", "[checkpoint]") {
+  loom_test::scratch_dir dir("ckpt-filter");
+  loom::Fabric<loom::cpu> fabric;
+  at::manual_seed(4);
+  Mlp net(4, 8, 2);
+  auto model = fabric.setup(net);
+  fabric.save(dir.file("weights.ckpt"), {{"model", model}},
+              {{"model", [](std::string_view key, const at::Tensor&) { return key.ends_with("weight"); }}});
+
+  const auto contents = loom::read_checkpoint(dir.file("weights.ckpt"));
+  const auto saved = contents.entries.at("model").toGenericDict();
+  CHECK(saved.size() == 3);
+  CHECK(saved.contains("fc1.weight"));
+  CHECK_FALSE(saved.contains("fc1.bias"));
+  CHECK(contents.metadata.strategy == "single_device");
+  CHECK(contents.metadata.precision == "32-true");
+
+  at::manual_seed(5);
+  Mlp other(4, 8, 2);
+  auto other_model = fabric.setup(other);
+  const auto before = snapshot(other);
+  CHECK_THROWS_WITH(fabric.load(dir.file("weights.ckpt"), {{"model", other_model}}),
+                    Catch::Contains("missing key(s) 'fc1.bias', 'fc2.bias', 'fc3.bias'") &&
+                        Catch::Contains("nothing was changed"));
+  CHECK(same_parameters(other, before));
+  fabric.load(dir.file("weights.ckpt"), {{"model", other_model}}, /*strict=*/false);
+  CHECK(torch::equal(other->fc2->weight, net->fc2->weight));
+  CHECK(torch::equal(other->fc2->bias, before.at("fc2.bias")));
+
+  CHECK_THROWS_WITH(fabric.save(dir.file("x.ckpt"), {{"model", model}}, {{"optimizer", nullptr}}),
+                    Catch::Contains("filter names 'optimizer', which is not in the state"));
+}
+
+TEST_CASE("each bad checkpoint file is a clear error and leaves every entry as it was", "[checkpoint]") {
+  loom_test::scratch_dir dir("ckpt-corrupt");
+  at::manual_seed(6);
+  training_run run;
+  run.train(2);
+  const std::string good = dir.file("good.ckpt");
+  run.fabric.save(good, run.state());
+  const std::string bytes = read_bytes(good);
+
+  at::manual_seed(7);
+  training_run victim;
+  victim.train(1);
+  const auto parameters = snapshot(victim.net);
+  const auto optimizer_state = optimizer_bytes(victim.adam);
+  const double scale = victim.fabric.precision().scaler.get_scale();
+  auto unchanged = [&] {
+    CHECK(same_parameters(victim.net, parameters));
+    CHECK(optimizer_bytes(victim.adam) == optimizer_state);
+    CHECK(victim.step == 1);
+    CHECK(victim.tag == "none");
+    CHECK(victim.fabric.precision().scaler.get_scale() == scale);
+  };
+
+  SECTION("missing") {
+    CHECK_THROWS_WITH(victim.fabric.load(dir.file("absent.ckpt"), victim.state()),
+                      Catch::Contains("absent.ckpt") && Catch::Contains("does not exist"));
+  }
+  SECTION("truncated") {
+    write_bytes(dir.file("cut.ckpt"), bytes.substr(0, bytes.size() / 2));
+    CHECK_THROWS_WITH(victim.fabric.load(dir.file("cut.ckpt"), victim.state()),
+                      Catch::Contains("cut.ckpt") && Catch::Contains("truncated"));
+  }
+  SECTION("truncated inside the header") {
+    write_bytes(dir.file("stub.ckpt"), bytes.substr(0, 10));
+    CHECK_THROWS_WITH(victim.fabric.load(dir.file("stub.ckpt"), victim.state()), Catch::Contains("truncated"));
+  }
+  SECTION("one flipped byte in the tensor data") {
+    std::string flipped = bytes;
+    flipped[flipped.size() / 2] = static_cast<char>(flipped[flipped.size() / 2] ^ 0x5A);
+    write_bytes(dir.file("flip.ckpt"), flipped);
+    CHECK_THROWS_WITH(victim.fabric.load(dir.file("flip.ckpt"), victim.state()),
+                      Catch::Contains("flip.ckpt") && Catch::Contains("corrupted (CRC32 mismatch)"));
+  }
+  SECTION("not a checkpoint") {
+    write_bytes(dir.file("text.ckpt"), std::string(100, 'x'));
+    CHECK_THROWS_WITH(victim.fabric.load(dir.file("text.ckpt"), victim.state()),
+                      Catch::Contains("not a loom checkpoint"));
+  }
+  SECTION("a plain torch file") {
+    torch::save(victim.net, dir.file("plain.pt"));
+    CHECK_THROWS_WITH(victim.fabric.load(dir.file("plain.pt"), victim.state()), Catch::Contains("load_raw"));
+  }
+  SECTION("a missing entry under strict") {
+    loom::state more = victim.state();
+    more.set("scheduler", std::int64_t{0});
+    CHECK_THROWS_WITH(victim.fabric.load(good, more),
+                      Catch::Contains("missing key(s) 'scheduler'") && Catch::Contains("strict=false"));
+  }
+  SECTION("a module of another shape") {
+    Mlp bigger(4, 16, 2);  // the same names, wider layers
+    loom::state mismatched = victim.state();
+    mismatched.set("model", bigger);
+    CHECK_THROWS_WITH(victim.fabric.load(good, mismatched),
+                      Catch::Contains("size mismatch for 'fc1.weight'") && Catch::Contains("[16, 4]"));
+  }
+  SECTION("another optimizer type") {
+    torch::optim::SGD sgd(victim.net->parameters(), 0.1);
+    loom::state wrong = victim.state();
+    wrong.set("optimizer", sgd);
+    CHECK_THROWS_WITH(victim.fabric.load(good, wrong),
+                      Catch::Contains("torch::optim::Adam") && Catch::Contains("torch::optim::SGD"));
+  }
+  SECTION("an optimizer whose parameters do not fit: rolled back") {
+    // Passes validation (same type); LibTorch's own load then refuses it.
+    Mlp small(4, 8, 2);
+    torch::optim::Adam partial(std::vector<at::Tensor>{small->fc1->weight}, torch::optim::AdamOptions(1e-2));
+    // The precision is loaded first (it can fail too, so it is snapshotted) and
+    // must be rolled back when the optimizer then fails.
+    loom::state wrong;
+    wrong.add(loom::state_entry("precision", victim.fabric.precision()));
+    const loom::state base = victim.state();
+    for (const auto& entry : base.entries()) wrong.add(entry);
+    wrong.set("optimizer", partial);
+    CHECK_THROWS_WITH(victim.fabric.load(good, wrong),
+                      Catch::Contains("cannot load 'optimizer'") && Catch::Contains("nothing was changed"));
+  }
+  SECTION("a value of another type") {
+    loom::state wrong = victim.state();
+    std::string step_as_text;
+    wrong.set("step", step_as_text);
+    CHECK_THROWS_WITH(victim.fabric.load(good, wrong), Catch::Contains("'step' (value): expected a string"));
+  }
+  unchanged();
+}
+
+TEST_CASE("a failed save leaves the previous checkpoint and no temporary file", "[checkpoint]") {
+  loom_test::scratch_dir dir("ckpt-atomic");
+  loom::Fabric<loom::cpu> fabric;
+  Mlp net(4, 8, 2);
+  auto model = fabric.setup(net);
+  const std::string path = dir.file("model.ckpt");
+  fabric.save(path, {{"model", model}, {"step", 1}});
+  const std::string before = read_bytes(path);
+
+  struct exploding {
+    c10::IValue state_dict() const { throw std::runtime_error("disk full while serialising"); }
+    void load_state_dict(const c10::IValue&) {}
+  } bomb;
+  CHECK_THROWS_WITH(fabric.save(path, {{"model", model}, {"bomb", bomb}}), Catch::Contains("disk full"));
+  CHECK(read_bytes(path) == before);
+
+  // The rename itself fails: the target name is a non-empty directory.
+  std::filesystem::create_directories(dir.path() / "taken" / "inside");
+  CHECK_THROWS_WITH(fabric.save(dir.file("taken"), {{"step", 2}}), Catch::Contains("rename failed"));
+  CHECK(temporary_files(dir.path()) == 0);
+  CHECK(read_bytes(path) == before);
+}
+
+TEST_CASE("load_raw reads LibTorch's torch::save and Python's torch.save of a plain dict", "[checkpoint][raw]") {
+  loom_test::scratch_dir dir("ckpt-raw");
+  loom::Fabric<loom::cpu> fabric;
+
+  SECTION("torch::save(module) and torch::save(optimizer) from LibTorch") {
+    at::manual_seed(8);
+    Mlp source(4, 8, 2);
+    torch::optim::Adam source_adam(source->parameters(), torch::optim::AdamOptions(1e-2));
+    source->forward(at::randn({3, 4})).sum().backward();
+    source_adam.step();
+    torch::save(source, dir.file("module.pt"));
+    torch::save(source_adam, dir.file("adam.pt"));
+
+    at::manual_seed(9);
+    Mlp target(4, 8, 2);
+    torch::optim::Adam target_adam(target->parameters(), torch::optim::AdamOptions(1e-2));
+    auto [model, optimizer] = fabric.setup(target, target_adam);
+    fabric.load_raw(dir.file("module.pt"), model);
+    CHECK(same_parameters(target, snapshot(source)));
+    fabric.load_raw(dir.file("adam.pt"), optimizer);
+    const auto want = adam_moments(source_adam);
+    const auto got = adam_moments(target_adam);
+    for (std::size_t i = 0; i < want.size(); ++i) CHECK(torch::equal(want[i], got[i]));
+
+    Mlp wider(4, 16, 2);
+    const auto before = snapshot(wider);
+    CHECK_THROWS_WITH(fabric.load_raw(dir.file("module.pt"), wider), Catch::Contains("size mismatch"));
+    CHECK(same_parameters(wider, before));
+  }
+  SECTION("Python torch.save(dict(model.state_dict()))") {
+    Mlp target(4, 8, 2);
+    fabric.load_raw(loom_test::fixtures_dir() + "/python_plain_state_dict.pt", target);
+    for (const auto& item : target->named_parameters()) {
+      const auto& p = item.value();
+      INFO(item.key());
+      CHECK(torch::equal(p, at::arange(p.numel(), at::kFloat).reshape(p.sizes()) / 100));
+    }
+  }
+  SECTION("Python's OrderedDict is detected before LibTorch's unpickler sees it") {
+    Mlp target(4, 8, 2);
+    const auto before = snapshot(target);
+    CHECK_THROWS_WITH(fabric.load_raw(loom_test::fixtures_dir() + "/python_ordered_state_dict.pt", target),
+                      Catch::Contains("OrderedDict") && Catch::Contains("torch.save(dict(model.state_dict()), path)"));
+    CHECK(same_parameters(target, before));
+  }
+  SECTION("strict names what is missing and unexpected") {
+    struct OtherImpl : torch::nn::Module {
+      OtherImpl() { fc1 = register_module("fc1", torch::nn::Linear(4, 8)); head = register_module("head", torch::nn::Linear(8, 2)); }
+      torch::nn::Linear fc1{nullptr}, head{nullptr};
+    };
+    auto other = std::make_shared<OtherImpl>();
+    CHECK_THROWS_WITH(fabric.load_raw(loom_test::fixtures_dir() + "/python_plain_state_dict.pt", other),
+                      Catch::Contains("missing key(s) 'head.weight', 'head.bias'") &&
+                          Catch::Contains("unexpected key(s)") && Catch::Contains("'fc3.bias'"));
+    fabric.load_raw(loom_test::fixtures_dir() + "/python_plain_state_dict.pt", other, /*strict=*/false);
+    CHECK(torch::equal(other->fc1->bias, at::arange(8, at::kFloat) / 100));
+  }
+  SECTION("a missing file") {
+    Mlp target(4, 8, 2);
+    CHECK_THROWS_WITH(fabric.load_raw(dir.file("nope.pt"), target), Catch::Contains("nope.pt: does not exist"));
+  }
+}
