@@ -386,3 +386,27 @@ TEST_CASE("load_raw reads LibTorch's torch::save and Python's torch.save of a pl
     CHECK_THROWS_WITH(fabric.load_raw(dir.file("nope.pt"), target), Catch::Contains("nope.pt: does not exist"));
   }
 }
+
+TEST_CASE("16-mixed's scaler state goes through a checkpoint unchanged", "[checkpoint][scaler]") {
+  // Fabric<cuda, *, fp16_mixed> adds the precision as "precision" on its own
+  // (the path scaled_bf16_mixed exercises above); here the object itself.
+  loom_test::scratch_dir dir("ckpt-scaler");
+  loom::fp16_mixed trained(loom::grad_scaler_options{.init_scale = 512.0, .growth_interval = 3});
+  at::Tensor weight = at::ones({2}).requires_grad_(true);
+  torch::optim::SGD sgd(std::vector<at::Tensor>{weight}, 0.1);
+  for (int step = 0; step < 4; ++step) {
+    sgd.zero_grad();
+    trained.backward((weight * 2).sum());
+    trained.optimizer_step(sgd, {0});
+  }
+  REQUIRE(trained.scaler().get_scale() == 1024.0);
+  REQUIRE(trained.scaler().growth_tracker() == 1);
+  loom::Fabric<loom::cpu> fabric;
+  fabric.save(dir.file("scaler.ckpt"), {{"precision", trained}});
+
+  loom::fp16_mixed restored;
+  fabric.load(dir.file("scaler.ckpt"), {{"precision", restored}});
+  CHECK(restored.scaler().get_scale() == 1024.0);
+  CHECK(restored.scaler().growth_tracker() == 1);
+  CHECK(restored.scaler().options().growth_interval == 3);
+}

@@ -1,6 +1,7 @@
 // Laws: training through Fabric is training without it. The same MLP, seed
 // and batches give bit-identical weights raw and through Fabric (fp32, fp64);
 // bf16-mixed computes Linear layers in bf16 and keeps fp32 weights and grads.
+#include "allocation_counter.hpp"
 #include "test_models.hpp"
 
 #include "catch.hpp"
@@ -209,4 +210,44 @@ TEST_CASE("fp32 forward through Fabric is the module's forward", "[parity]") {
   CHECK(fabric.device() == c10::Device(c10::DeviceType::CPU));
   CHECK(fabric.world_size() == 1);
   CHECK(fabric.is_global_zero());
+}
+
+namespace {
+// operator new calls of 20 training steps, after 5 steps of warm-up.
+template <class Step>
+unsigned long long allocations_in_20_steps(Step&& step) {
+  for (int i = 0; i < 5; ++i) step();
+  const auto before = loom_test::allocation_count();
+  for (int i = 0; i < 20; ++i) step();
+  return loom_test::allocation_count() - before;
+}
+}  // namespace
+
+TEST_CASE("a step through Fabric makes no heap allocation beyond the raw step's", "[parity]") {
+  const auto task = loom_test::make_task(1, batch, features, classes, 5);
+  const auto x = task.inputs[0];
+  const auto y = task.targets[0];
+
+  Mlp raw_net(features, 256, classes);
+  torch::optim::SGD raw_sgd(raw_net->parameters(), sgd_options());
+  const auto raw = allocations_in_20_steps([&] {
+    raw_sgd.zero_grad();
+    auto loss = torch::nn::functional::cross_entropy(raw_net->forward(x), y);
+    loss.backward();
+    raw_sgd.step();
+  });
+
+  loom::Fabric<loom::cpu> fabric;
+  Mlp net(features, 256, classes);
+  torch::optim::SGD sgd(net->parameters(), sgd_options());
+  auto [model, optimizer] = fabric.setup(net, sgd);
+  const auto through_fabric = allocations_in_20_steps([&] {
+    optimizer.zero_grad();
+    auto loss = torch::nn::functional::cross_entropy(model(x), y);
+    fabric.backward(loss);
+    optimizer.step();
+  });
+  INFO("operator new calls in 20 steps: raw " << raw << ", through Fabric " << through_fabric);
+  CHECK(raw > 0);  // the counter sees LibTorch's own allocations
+  CHECK(through_fabric == raw);
 }
