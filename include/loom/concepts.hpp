@@ -80,9 +80,15 @@ concept Precision = detail::tagged_as<P, precision_tag> &&
 // Strategy: processes, devices, how the module is wrapped and gradients are
 // synchronised. It is a stateful object held by Fabric.
 // ---------------------------------------------------------------------------
+// What Fabric hands its strategy: the devices as the user asked for them and
+// the accelerator's functions to resolve them (the strategy knows its local
+// rank, and so which device is its own, only after reading its environment).
 struct strategy_environment {
-  c10::Device device{c10::DeviceType::CPU};
-  int devices_per_node = 1;
+  devices_spec requested;
+  device_selection (*parse_devices)(const devices_spec&) = nullptr;
+  c10::Device (*device_of)(const device_selection&, int local_rank) = nullptr;
+  std::string_view accelerator;
+  std::string_view strategy;
   int num_nodes = 1;
 };
 

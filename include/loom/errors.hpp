@@ -22,4 +22,11 @@ struct checkpoint_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A collective or rendezvous that failed because a peer went away, did not
+// answer within the timeout, or could not be reached. The process group is
+// unusable afterwards: every later collective on it throws at once.
+struct peer_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 }  // namespace loom

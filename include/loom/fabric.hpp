@@ -15,6 +15,7 @@
 #include <loom/errors.hpp>
 #include <loom/loggers/logger.hpp>
 #include <loom/precision/true_precision.hpp>
+#include <loom/runtime/names.hpp>
 #include <loom/strategy/single_device.hpp>
 #include <loom/util/apply_to_collection.hpp>
 #include <loom/util/seed.hpp>
@@ -100,23 +101,22 @@ class Fabric {
 
   explicit Fabric(fabric_options options = {}, S strategy = {}, P precision = {})
       : strategy_(std::move(strategy)), precision_(std::move(precision)), loggers_(std::move(options.loggers)) {
-    const device_selection selection = A::parse_devices(options.devices);
     if (options.num_nodes < 1) {
       throw configuration_error("num_nodes=" + std::to_string(options.num_nodes) + " is not valid: it must be >= 1");
     }
-    if constexpr (!is_distributed<S>) {
-      if (selection.count() != 1 || options.num_nodes != 1) {
-        throw configuration_error(
-            "strategy '" + std::string(S::name) + "' runs one process on one device, but devices=" +
-            options.devices.to_string() + " and num_nodes=" + std::to_string(options.num_nodes) + " ask for " +
-            std::to_string(selection.count() * options.num_nodes) +
-            ". Use devices=1, or a distributed strategy such as loom::ddp.");
-      }
-    }
+    // Started by loom-run: its --accelerator/--strategy/--precision/--devices must agree with this type.
+    const std::string conflict = runtime::cli_conflict(
+        A::name, S::name, P::name,
+        options.devices.given() ? std::optional<std::string>(options.devices.text()) : std::nullopt,
+        options.num_nodes, options.num_nodes != 1);
+    if (!conflict.empty()) throw configuration_error(conflict);
     strategy_environment environment;
-    environment.devices_per_node = selection.count();
+    environment.requested = options.devices;
+    environment.parse_devices = &A::parse_devices;
+    environment.device_of = &A::device;
+    environment.accelerator = A::name;
+    environment.strategy = S::name;
     environment.num_nodes = options.num_nodes;
-    environment.device = A::device(selection, 0);
     strategy_.setup_environment(environment);
     for (auto& entry : options.callbacks) callbacks_.add(std::move(entry));
   }
@@ -129,13 +129,30 @@ class Fabric {
 
   // ---------------------------------------------------------------- launch
   // Starts the other processes of the strategy; with one process there are none.
+  // Starts the strategy's processes: a no-op with one process, or when the
+  // program was started by loom-run, torchrun, srun or mpirun (where Lightning
+  // raises; loom lets one program run under every launcher).
   void launch() {
     if constexpr (requires { strategy_.launch(); }) strategy_.launch();
   }
-  // Runs fn(fabric) on every process of the strategy.
+  // Runs fn(fabric) on every process of the strategy. Under the fork launcher
+  // the forked processes end when fn returns (status 0, or 1 if it threw).
   template <class Function>
   decltype(auto) launch(Function&& function) {
     launch();
+    if constexpr (requires { strategy_.is_forked_child(); }) {
+      if (strategy_.is_forked_child()) {
+        int status = 0;
+        try {
+          std::forward<Function>(function)(*this);
+        } catch (const std::exception& error) {
+          std::cerr << "loom: rank " << global_rank() << ": " << error.what() << std::endl;
+          status = 1;
+        }
+        std::cout << std::flush;
+        std::_Exit(status);
+      }
+    }
     return std::forward<Function>(function)(*this);
   }
 
@@ -304,13 +321,43 @@ class Fabric {
   }
 
   // ---------------------------------------------------------- collectives
+  // Each takes a tensor or a nested container of tensors and returns a value
+  // of the same shape; the inputs are not modified. On one process they are
+  // identities, resolved at compile time.
   template <class T>
   auto all_reduce(T&& value, reduce_op op = reduce_op::sum) {
     return strategy_.all_reduce(std::forward<T>(value), op);
   }
+  // In place, without a copy (the hot-path form).
+  void all_reduce_(at::Tensor& tensor, reduce_op op = reduce_op::sum) { strategy_.all_reduce_(tensor, op); }
+  // Each tensor becomes a std::vector with one tensor per rank; shapes may differ across ranks.
+  template <class T>
+  auto all_gather(T&& value) {
+    return strategy_.all_gather(std::forward<T>(value));
+  }
+  // Lightning's all_gather: each tensor becomes [world_size, ...] (equal shapes);
+  // with sync_grads the result keeps autograd across ranks.
+  template <class T>
+  auto all_gather_stacked(T&& value, bool sync_grads = false) {
+    return strategy_.all_gather_stacked(std::forward<T>(value), sync_grads);
+  }
   template <class T>
   auto broadcast(T&& value, int source = 0) {
     return strategy_.broadcast(std::forward<T>(value), source);
+  }
+  // Each tensor's first dimension is world_size * n; every rank gets its n rows of the reduction.
+  template <class T>
+  auto reduce_scatter(T&& value, reduce_op op = reduce_op::sum) {
+    return strategy_.reduce_scatter(std::forward<T>(value), op);
+  }
+  // Numbers, strings, lists, dicts, tensors (anything c10::IValue holds), through LibTorch's pickler.
+  c10::IValue broadcast_object(const c10::IValue& value, int source = 0) {
+    return strategy_.broadcast_object(value, source);
+  }
+  template <class T>
+    requires(!std::is_same_v<std::remove_cvref_t<T>, c10::IValue>)
+  T broadcast_object(const T& value, int source = 0) {
+    return strategy_.broadcast_object(c10::IValue(value), source).template to<T>();
   }
   bool reduce_boolean_decision(bool decision, bool all = true) {
     return strategy_.reduce_boolean_decision(decision, all);

@@ -7,6 +7,9 @@
 #include <loom/callbacks/hooks.hpp>
 #include <loom/checkpoint/io.hpp>
 #include <loom/checkpoint/state.hpp>
+#include <loom/cluster/environment.hpp>
+#include <loom/comm/process_group.hpp>
+#include <loom/comm/reduce_op.hpp>
 #include <loom/compat.hpp>
 #include <loom/compatibility.hpp>
 #include <loom/concepts.hpp>
@@ -18,11 +21,16 @@
 #include <loom/errors.hpp>
 #include <loom/fabric.hpp>
 #include <loom/loggers/csv_logger.hpp>
+#include <loom/launch/supervisor.hpp>
 #include <loom/loggers/logger.hpp>
 #include <loom/precision/autocast.hpp>
 #include <loom/precision/grad_scaler.hpp>
 #include <loom/precision/mixed.hpp>
 #include <loom/precision/true_precision.hpp>
+#include <loom/runtime/names.hpp>
+#include <loom/strategy/collectives.hpp>
+#include <loom/strategy/distributed_runtime.hpp>
+#include <loom/strategy/parallel.hpp>
 #include <loom/strategy/single_device.hpp>
 #include <loom/util/apply_to_collection.hpp>
 #include <loom/util/seed.hpp>

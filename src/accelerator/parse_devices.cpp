@@ -32,6 +32,14 @@ std::string devices_spec::to_string() const {
   return std::visit(printer{}, value_);
 }
 
+std::string devices_spec::text() const {
+  if (const auto* count = std::get_if<int>(&value_)) return std::to_string(*count);
+  if (const auto* raw = std::get_if<std::string>(&value_)) return *raw;
+  std::string out;
+  for (int index : std::get<std::vector<int>>(value_)) out += (out.empty() ? "" : ",") + std::to_string(index);
+  return out;
+}
+
 namespace detail {
 namespace {
 

@@ -3,24 +3,37 @@
 // inherit it and hide what they change.
 #pragma once
 
+#include <loom/comm/reduce_op.hpp>
+#include <loom/strategy/collectives.hpp>
+#include <loom/util/apply_to_collection.hpp>
 #include <loom/concepts.hpp>
+#include <loom/errors.hpp>
 #include <loom/precision/precision_base.hpp>
 
 #include <c10/core/Device.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <string>
 #include <utility>
 
 namespace loom {
 
-// Reduction operators of the collectives.
-enum class reduce_op { sum, mean, min, max, product };
-
 struct strategy_base {
   using loom_concept = strategy_tag;
 
-  void setup_environment(const strategy_environment& environment) { device_ = environment.device; }
+  // One process: `devices` must select one device, on one node.
+  void setup_environment(const strategy_environment& environment) {
+    const device_selection selection = environment.parse_devices(environment.requested);
+    if (selection.count() != 1 || environment.num_nodes != 1) {
+      throw configuration_error("strategy '" + std::string(environment.strategy) +
+                                "' runs one process on one device, but devices=" + environment.requested.to_string() +
+                                " and num_nodes=" + std::to_string(environment.num_nodes) + " ask for " +
+                                std::to_string(selection.count() * environment.num_nodes) +
+                                ". Use devices=1, or a distributed strategy such as loom::ddp.");
+    }
+    device_ = environment.device_of(selection, 0);
+  }
 
   c10::Device root_device() const noexcept { return device_; }
   constexpr int world_size() const noexcept { return 1; }
@@ -45,15 +58,37 @@ struct strategy_base {
 
   void barrier() {}
 
-  // Collectives on one process are identities, with no communication.
+  // Collectives on one process are identities, with no communication; they
+  // still refuse what the multi-process ones refuse (mean of integers).
   template <class T>
-  T all_reduce(T value, reduce_op /*op*/ = reduce_op::sum) {
-    return value;
+  auto all_reduce(T&& value, reduce_op op = reduce_op::sum) {
+    return apply_to_collection(std::forward<T>(value), [op](const at::Tensor& tensor) {
+      collectives::check_mean_dtype(tensor, op);
+      return tensor;
+    });
+  }
+  void all_reduce_(at::Tensor& tensor, reduce_op op = reduce_op::sum) { collectives::check_mean_dtype(tensor, op); }
+  template <class T>
+  auto all_gather(T&& value) {
+    return apply_to_collection(std::forward<T>(value),
+                               [](const at::Tensor& tensor) { return std::vector<at::Tensor>{tensor}; });
   }
   template <class T>
-  T broadcast(T value, int /*source*/ = 0) {
-    return value;
+  auto all_gather_stacked(T&& value, bool /*sync_grads*/ = false) {
+    return apply_to_collection(std::forward<T>(value), [](const at::Tensor& tensor) { return tensor.unsqueeze(0); });
   }
+  template <class T>
+  auto broadcast(T&& value, int /*source*/ = 0) {
+    return apply_to_collection(std::forward<T>(value), [](const at::Tensor& tensor) { return tensor; });
+  }
+  template <class T>
+  auto reduce_scatter(T&& value, reduce_op op = reduce_op::sum) {
+    return apply_to_collection(std::forward<T>(value), [op](const at::Tensor& tensor) {
+      collectives::check_mean_dtype(tensor, op);
+      return tensor;
+    });
+  }
+  c10::IValue broadcast_object(const c10::IValue& value, int /*source*/ = 0) { return value; }
   bool reduce_boolean_decision(bool decision, bool /*all*/ = true) { return decision; }
 
  protected:

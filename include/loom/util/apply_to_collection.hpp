@@ -1,6 +1,7 @@
 // Lightning's apply_to_collection for C++: apply a function to every tensor
 // inside a value (a tensor, an Example, a vector, array, map, pair, tuple or
-// optional of those, nested), keep everything else as it is.
+// optional of those, nested), keep everything else as it is. The result has
+// the same structure, with each tensor replaced by what the function returns.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -22,7 +23,7 @@ template <class T, class F>
 auto apply_to_collection(T&& value, F&& function) {
   using value_type = std::remove_cvref_t<T>;
   if constexpr (std::is_same_v<value_type, at::Tensor>) {
-    return at::Tensor(function(value));
+    return function(value);  // usually a tensor; all_gather makes a vector of them
   } else if constexpr (std::is_convertible_v<const value_type&, std::string_view>) {
     return value_type(std::forward<T>(value));  // strings are values, not containers
   } else if constexpr (requires { typename value_type::DataType; typename value_type::TargetType; }) {

@@ -1,0 +1,87 @@
+// A process group over LibTorch's c10d (Gloo on CPU, NCCL behind the `nccl`
+// build option), with loom's rendezvous rules, timeouts on every wait, and
+// failures turned into loom::peer_error naming the rank that went away.
+// The c10d headers stay in src/: this header needs only ATen.
+#pragma once
+
+#include <loom/comm/reduce_op.hpp>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace loom::comm {
+
+enum class backend { gloo, nccl };
+
+// Where the ranks meet. A file store (in a private directory) when file_path
+// is set: nothing listens on the network. Else c10d's TCPStore at
+// address:port, hosted by rank 0.
+struct rendezvous {
+  std::optional<std::string> file_path;
+  std::string address = "127.0.0.1";
+  int port = 0;
+};
+
+struct group_options {
+  std::chrono::milliseconds timeout = std::chrono::minutes(30);  // torch's default
+  backend kind = backend::gloo;
+  // Gloo's sockets on 127.0.0.1 (single-node jobs). GLOO_SOCKET_IFNAME, when
+  // set, names the interface instead, as in torch.
+  bool loopback_only = true;
+};
+
+struct process_group_state;
+
+class process_group {
+ public:
+  process_group() = default;  // no group: size 1, rank 0, valid() false
+
+  // Collective over all world_size ranks. Throws loom::peer_error when the
+  // rendezvous fails (port in use, address unreachable, timeout).
+  static process_group connect(const rendezvous& where, int rank, int world_size, const group_options& options);
+
+  bool valid() const noexcept { return state_ != nullptr; }
+  int rank() const noexcept;
+  int size() const noexcept;
+  backend kind() const noexcept;
+  std::chrono::milliseconds timeout() const noexcept;
+
+  // In place. mean: sum, then division (floating tensors only).
+  void all_reduce(at::Tensor& tensor, reduce_op op = reduce_op::sum);
+  void broadcast(at::Tensor& tensor, int source = 0);
+  // One tensor per rank; shapes may differ across ranks (dtypes may not).
+  std::vector<at::Tensor> all_gather(const at::Tensor& tensor);
+  // [world_size, ...]: every rank's tensor must have the same shape.
+  at::Tensor all_gather_stacked(const at::Tensor& tensor);
+  // input's first dimension is world_size * n; returns this rank's n rows of
+  // the reduction. Gloo: all_reduce then narrow; NCCL: native.
+  at::Tensor reduce_scatter(const at::Tensor& input, reduce_op op = reduce_op::sum);
+  void barrier();
+  // Any IValue (numbers, strings, lists, dicts, tensors) from source to all,
+  // through LibTorch's pickler.
+  c10::IValue broadcast_object(const c10::IValue& value, int source = 0);
+
+  // A sub-group of `ranks` (global ranks of this group). Every rank of this
+  // group must call it, in the same order; non-members get an invalid group.
+  process_group new_group(const std::vector<int>& ranks) const;
+
+  // For engines that talk to c10d directly (DDP's reducer): the c10d group.
+  const std::shared_ptr<process_group_state>& state() const noexcept { return state_; }
+  // A handle on an existing group's state.
+  static process_group attach(std::shared_ptr<process_group_state> state) { return process_group(std::move(state)); }
+
+ private:
+  explicit process_group(std::shared_ptr<process_group_state> state) : state_(std::move(state)) {}
+  std::shared_ptr<process_group_state> state_;
+};
+
+// A TCP port that was free a moment ago on 127.0.0.1 (for tests and launchers).
+int find_free_port();
+
+}  // namespace loom::comm

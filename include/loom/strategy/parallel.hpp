@@ -1,0 +1,93 @@
+// Lightning's ParallelStrategy, usable on its own: several processes with
+// ranks, a process group and collectives, and no gradient synchronisation
+// (for codes that synchronise themselves). DDP refines it.
+#pragma once
+
+#include <loom/strategy/collectives.hpp>
+#include <loom/strategy/distributed_runtime.hpp>
+#include <loom/strategy/strategy_base.hpp>
+
+#include <memory>
+#include <string_view>
+
+namespace loom {
+
+template <launcher_kind Launcher = launcher_kind::subprocess>
+struct basic_parallel : strategy_base {
+  static constexpr std::string_view name = Launcher == launcher_kind::fork ? "parallel_fork" : "parallel";
+  static constexpr bool is_distributed = true;
+  static constexpr bool needs_distributed_sampler = true;
+  // Nothing is synchronised, so there is nothing to skip: the guard is empty.
+  static constexpr bool supports_no_backward_sync = true;
+  static constexpr launcher_kind launcher = Launcher;
+
+  basic_parallel() = default;
+  explicit basic_parallel(parallel_options options) : options_(options) {}
+
+  void setup_environment(const strategy_environment& environment) {
+    runtime_ = std::make_shared<detail::distributed_runtime>(environment, Launcher, options_);
+    device_ = runtime_->device();
+  }
+
+  int world_size() const noexcept { return runtime_ ? runtime_->world_size() : 1; }
+  int global_rank() const noexcept { return runtime_ ? runtime_->global_rank() : 0; }
+  int local_rank() const noexcept { return runtime_ ? runtime_->local_rank() : 0; }
+  int node_rank() const noexcept { return runtime_ ? runtime_->node_rank() : 0; }
+  bool is_global_zero() const noexcept { return global_rank() == 0; }
+
+  void launch() { runtime_->launch(); }
+  bool is_forked_child() const noexcept { return runtime_ && runtime_->is_forked_child(); }
+
+  void setup_module(torch::nn::Module& module) {
+    (void)group();  // processes must exist before their modules do anything collective
+    module.to(device_);
+  }
+
+  no_context no_backward_sync(torch::nn::Module& /*module*/, bool /*enabled*/ = true) { return {}; }
+
+  comm::process_group& group() { return runtime_->group(); }
+  detail::distributed_runtime& runtime() { return *runtime_; }
+
+  // ------------------------------------------------------------ collectives
+  void barrier() { group().barrier(); }
+
+  template <class T>
+  auto all_reduce(T&& value, reduce_op op = reduce_op::sum) {
+    return collectives::all_reduce(group(), std::forward<T>(value), op);
+  }
+  void all_reduce_(at::Tensor& tensor, reduce_op op = reduce_op::sum) { group().all_reduce(tensor, op); }
+  template <class T>
+  auto all_gather(T&& value) {
+    return collectives::all_gather(group(), std::forward<T>(value));
+  }
+  template <class T>
+  auto all_gather_stacked(T&& value, bool sync_grads = false) {
+    return collectives::all_gather_stacked(group(), std::forward<T>(value), sync_grads);
+  }
+  template <class T>
+  auto broadcast(T&& value, int source = 0) {
+    return collectives::broadcast(group(), std::forward<T>(value), source);
+  }
+  template <class T>
+  auto reduce_scatter(T&& value, reduce_op op = reduce_op::sum) {
+    return collectives::reduce_scatter(group(), std::forward<T>(value), op);
+  }
+  c10::IValue broadcast_object(const c10::IValue& value, int source = 0) {
+    return group().broadcast_object(value, source);
+  }
+  bool reduce_boolean_decision(bool decision, bool all = true) {
+    return collectives::reduce_boolean_decision(group(), decision, all);
+  }
+  comm::process_group new_group(const std::vector<int>& ranks) { return group().new_group(ranks); }
+
+ private:
+  parallel_options options_;
+  std::shared_ptr<detail::distributed_runtime> runtime_;
+};
+
+using parallel = basic_parallel<launcher_kind::subprocess>;
+using parallel_fork = basic_parallel<launcher_kind::fork>;
+
+static_assert(Strategy<parallel>);
+
+}  // namespace loom

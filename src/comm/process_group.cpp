@@ -1,0 +1,469 @@
+// loom::comm::process_group over c10d: rendezvous (FileStore or TCPStore),
+// Gloo devices, collectives that Gloo lacks (mean, reduce_scatter, uneven
+// all_gather), and the translation of failures into loom::peer_error.
+#include <loom/comm/process_group.hpp>
+#include <loom/compat_c10d.hpp>
+#include <loom/errors.hpp>
+#include <loom/strategy/collectives.hpp>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/serialize.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+namespace loom::comm {
+
+struct peer_identity {
+  std::string host;
+  long pid = 0;
+};
+
+struct process_group_state {
+  c10::intrusive_ptr<c10d::Store> root_store;  // shared by the world group and its sub-groups
+  c10::intrusive_ptr<compat::c10d_backend> backend;
+  int rank = 0;
+  int size = 1;
+  comm::backend kind = comm::backend::gloo;
+  group_options options;
+  std::vector<int> global_ranks;     // this group's ranks, as ranks of the world group
+  std::vector<peer_identity> peers;  // by rank of this group
+  int next_subgroup = 0;
+  std::string group_name = "world";
+  std::string broken;  // why the group is unusable; empty while it works
+  std::mutex broken_mutex;
+  rendezvous where;
+};
+
+namespace {
+
+std::string hostname() {
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+// Whether process pid on this host has exited (gone, or a zombie not yet reaped).
+bool process_gone(long pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  if (!stat) return true;
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const auto close = text.rfind(')');
+  return close != std::string::npos && close + 2 < text.size() && (text[close + 2] == 'Z' || text[close + 2] == 'X');
+}
+
+// A sentence on what went wrong, naming the ranks that went away when they
+// can be seen (ranks on this host).
+std::string diagnose(process_group_state& state, const std::string& operation, const std::string& error) {
+  std::ostringstream out;
+  out << operation << " on rank " << state.global_ranks[static_cast<std::size_t>(state.rank)] << " (group '"
+      << state.group_name << "' of " << state.size << ") failed: ";
+  const std::string here = hostname();
+  std::vector<std::string> gone;
+  for (int r = 0; r < state.size; ++r) {
+    if (r == state.rank) continue;
+    const auto& peer = state.peers[static_cast<std::size_t>(r)];
+    if (peer.host == here && peer.pid > 0 && process_gone(peer.pid)) {
+      gone.push_back("rank " + std::to_string(state.global_ranks[static_cast<std::size_t>(r)]) + " (pid " +
+                     std::to_string(peer.pid) + ")");
+    }
+  }
+  if (!gone.empty()) {
+    for (std::size_t i = 0; i < gone.size(); ++i) out << (i ? ", " : "") << gone[i];
+    out << (gone.size() == 1 ? " has" : " have") << " exited";
+  } else if (error.find("imed out") != std::string::npos) {
+    out << "no answer within the timeout of " << state.options.timeout.count()
+        << " ms (a rank stopped taking part, or is still busy elsewhere)";
+  } else if (error.find("closed by peer") != std::string::npos || error.find("reset by peer") != std::string::npos ||
+             error.find("Connection refused") != std::string::npos) {
+    out << "a peer went away (its address is in the Gloo message; it is not a process on this host that loom "
+           "can see)";
+  } else {
+    out << "the collective raised an error";
+  }
+  out << ". Gloo/c10d said: " << error;
+  return out.str();
+}
+
+// Runs a collective; after a failure the group is marked broken, so that no
+// later call waits on peers that are gone.
+template <class Body>
+void guarded(process_group_state& state, const char* operation, Body&& body) {
+  {
+    std::lock_guard<std::mutex> lock(state.broken_mutex);
+    if (!state.broken.empty()) {
+      throw peer_error(std::string(operation) + ": the process group is unusable after an earlier failure: " +
+                       state.broken);
+    }
+  }
+  try {
+    body();
+  } catch (const peer_error&) {
+    throw;
+  } catch (const std::exception& error) {
+    std::string message = diagnose(state, operation, error.what());
+    {
+      std::lock_guard<std::mutex> lock(state.broken_mutex);
+      state.broken = message;
+    }
+    throw peer_error(message);
+  }
+}
+
+c10d::ReduceOp native_op(reduce_op op) {
+  switch (op) {
+    case reduce_op::sum:
+    case reduce_op::mean: return c10d::ReduceOp(c10d::ReduceOp::SUM);
+    case reduce_op::min: return c10d::ReduceOp(c10d::ReduceOp::MIN);
+    case reduce_op::max: return c10d::ReduceOp(c10d::ReduceOp::MAX);
+    case reduce_op::product: return c10d::ReduceOp(c10d::ReduceOp::PRODUCT);
+  }
+  return c10d::ReduceOp(c10d::ReduceOp::SUM);
+}
+
+std::shared_ptr<::gloo::transport::Device> gloo_device(const group_options& options) {
+  if (const char* interface = std::getenv("GLOO_SOCKET_IFNAME"); interface != nullptr && *interface != '\0') {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(interface);
+  }
+  if (options.loopback_only) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+c10::intrusive_ptr<compat::c10d_backend> make_backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                                      const group_options& options) {
+  if (options.kind == backend::nccl) {
+#if defined(LOOM_WITH_NCCL)
+    auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+    nccl_options->timeout = options.timeout;
+    return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, nccl_options);
+#else
+    throw configuration_error(
+        "process group backend 'nccl' was requested, but this loom was built without NCCL (-Dnccl, which needs a "
+        "CUDA build of LibTorch). Use the gloo backend.");
+#endif
+  }
+  auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
+  gloo_options->devices.push_back(gloo_device(options));
+  gloo_options->threads = 2;
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, gloo_options);
+}
+
+std::string to_string(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
+
+std::shared_ptr<process_group_state> build(c10::intrusive_ptr<c10d::Store> root, const std::string& name, int rank,
+                                           int size, std::vector<int> global_ranks, const group_options& options,
+                                           const rendezvous& where) {
+  auto state = std::make_shared<process_group_state>();
+  state->root_store = root;
+  state->rank = rank;
+  state->size = size;
+  state->kind = options.kind;
+  state->options = options;
+  state->global_ranks = std::move(global_ranks);
+  state->group_name = name;
+  state->where = where;
+  auto store = c10::make_intrusive<c10d::PrefixStore>("loom/" + name + "/", root);
+  // Who is who, so that a failure can name the rank that went away.
+  const std::string identity = hostname() + " " + std::to_string(::getpid());
+  store->set("peer/" + std::to_string(rank), std::vector<uint8_t>(identity.begin(), identity.end()));
+  state->backend = make_backend(store, rank, size, options);
+  state->peers.resize(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    std::istringstream in(to_string(store->get("peer/" + std::to_string(r))));
+    in >> state->peers[static_cast<std::size_t>(r)].host >> state->peers[static_cast<std::size_t>(r)].pid;
+  }
+  return state;
+}
+
+}  // namespace
+
+int process_group::rank() const noexcept { return state_ ? state_->rank : 0; }
+int process_group::size() const noexcept { return state_ ? state_->size : 1; }
+backend process_group::kind() const noexcept { return state_ ? state_->kind : backend::gloo; }
+std::chrono::milliseconds process_group::timeout() const noexcept {
+  return state_ ? state_->options.timeout : group_options{}.timeout;
+}
+
+process_group process_group::connect(const rendezvous& where, int rank, int world_size, const group_options& options) {
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    throw configuration_error("process_group::connect: rank " + std::to_string(rank) + " is not a rank of a world of " +
+                              std::to_string(world_size));
+  }
+  c10::intrusive_ptr<c10d::Store> store;
+  const std::string where_text =
+      where.file_path ? "file " + *where.file_path : where.address + ":" + std::to_string(where.port);
+  try {
+    if (where.file_path) {
+      store = c10::make_intrusive<c10d::FileStore>(*where.file_path, world_size);
+      store->setTimeout(options.timeout);
+    } else {
+      if (where.port < 1 || where.port > 65535) {
+        throw configuration_error("the rendezvous port " + std::to_string(where.port) + " is not a TCP port");
+      }
+      c10d::TCPStoreOptions tcp;
+      tcp.port = static_cast<std::uint16_t>(where.port);
+      tcp.isServer = rank == 0;
+      tcp.numWorkers = static_cast<std::size_t>(world_size);
+      tcp.waitWorkers = false;  // the group's own rendezvous waits, with the same timeout
+      tcp.timeout = options.timeout;
+      store = c10::make_intrusive<c10d::TCPStore>(where.address, tcp);
+    }
+  } catch (const configuration_error&) {
+    throw;
+  } catch (const std::exception& error) {
+    const std::string what = error.what();
+    if (!where.file_path && rank == 0 && (what.find("in use") != std::string::npos ||
+                                          what.find("failed to listen") != std::string::npos ||
+                                          what.find("bind") != std::string::npos)) {
+      throw peer_error("rank 0 cannot host the rendezvous store on port " + std::to_string(where.port) +
+                       ": the port is already in use. Choose another with --main-port or MASTER_PORT. (c10d: " +
+                       what + ")");
+    }
+    throw peer_error("rank " + std::to_string(rank) + " cannot reach the rendezvous store at " + where_text +
+                     " within " + std::to_string(options.timeout.count()) +
+                     " ms. Check --main-address/MASTER_ADDR and --main-port/MASTER_PORT, and that rank 0 runs. "
+                     "(c10d: " + what + ")");
+  }
+
+  std::vector<int> ranks(static_cast<std::size_t>(world_size));
+  for (int r = 0; r < world_size; ++r) ranks[static_cast<std::size_t>(r)] = r;
+  try {
+    return process_group(build(store, "world", rank, world_size, std::move(ranks), options, where));
+  } catch (const configuration_error&) {
+    throw;
+  } catch (const std::exception& error) {
+    throw peer_error("rank " + std::to_string(rank) + " of " + std::to_string(world_size) +
+                     ": the process group did not form through " + where_text + " within " +
+                     std::to_string(options.timeout.count()) + " ms (did every rank start?). (c10d: " + error.what() +
+                     ")");
+  }
+}
+
+void process_group::all_reduce(at::Tensor& tensor, reduce_op op) {
+  collectives::check_mean_dtype(tensor, op);
+  if (!state_) return;
+  auto& state = *state_;
+  const bool direct = tensor.is_contiguous();
+  std::vector<at::Tensor> buffers{direct ? tensor : tensor.contiguous()};
+  c10d::AllreduceOptions options;
+  options.reduceOp = native_op(op);
+  options.timeout = state.options.timeout;
+  guarded(state, "all_reduce", [&] { state.backend->allreduce(buffers, options)->wait(); });
+  if (op == reduce_op::mean) buffers[0].div_(state.size);
+  if (!direct) tensor.copy_(buffers[0]);
+}
+
+void process_group::broadcast(at::Tensor& tensor, int source) {
+  if (!state_) return;
+  auto& state = *state_;
+  if (source < 0 || source >= state.size) {
+    throw configuration_error("broadcast: source rank " + std::to_string(source) + " is not in a group of " +
+                              std::to_string(state.size));
+  }
+  const bool direct = tensor.is_contiguous();
+  std::vector<at::Tensor> buffers{direct ? tensor : tensor.contiguous()};
+  c10d::BroadcastOptions options;
+  options.rootRank = source;
+  options.timeout = state.options.timeout;
+  guarded(state, "broadcast", [&] { state.backend->broadcast(buffers, options)->wait(); });
+  if (!direct) tensor.copy_(buffers[0]);
+}
+
+namespace {
+constexpr int64_t max_gather_dims = 8;
+
+// Every rank's [ndim, dtype, sizes...] in one collective.
+std::vector<std::vector<int64_t>> gather_shapes(process_group_state& state, const at::Tensor& tensor) {
+  if (tensor.dim() > max_gather_dims) {
+    throw configuration_error("all_gather: tensors of more than " + std::to_string(max_gather_dims) +
+                              " dimensions are not supported");
+  }
+  at::Tensor meta = at::full({2 + max_gather_dims}, -1, at::kLong);
+  meta[0] = tensor.dim();
+  meta[1] = static_cast<int64_t>(tensor.scalar_type());
+  for (int64_t d = 0; d < tensor.dim(); ++d) meta[2 + d] = tensor.size(d);
+  meta = meta.to(tensor.device());
+  std::vector<at::Tensor> input{meta};
+  std::vector<std::vector<at::Tensor>> output(1);
+  for (int r = 0; r < state.size; ++r) output[0].push_back(at::empty_like(meta));
+  guarded(state, "all_gather (shapes)", [&] { state.backend->allgather(output, input)->wait(); });
+  std::vector<std::vector<int64_t>> shapes;
+  for (int r = 0; r < state.size; ++r) {
+    const auto values = output[0][static_cast<std::size_t>(r)].cpu();
+    const auto* data = values.data_ptr<int64_t>();
+    if (data[1] != static_cast<int64_t>(tensor.scalar_type())) {
+      throw configuration_error("all_gather: rank " + std::to_string(state.global_ranks[static_cast<std::size_t>(r)]) +
+                                " sent a " + c10::toString(static_cast<c10::ScalarType>(data[1])) +
+                                " tensor, this rank a " + c10::toString(tensor.scalar_type()) +
+                                "; every rank must gather the same dtype");
+    }
+    shapes.emplace_back(data + 2, data + 2 + data[0]);
+  }
+  return shapes;
+}
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (auto s : shape) n *= s;
+  return n;
+}
+}  // namespace
+
+std::vector<at::Tensor> process_group::all_gather(const at::Tensor& tensor) {
+  if (!state_) return {tensor.clone()};
+  auto& state = *state_;
+  const auto shapes = gather_shapes(state, tensor);
+  int64_t largest = 0;
+  for (const auto& shape : shapes) largest = std::max(largest, numel_of(shape));
+  // Gloo gathers equal sizes: pad every flattened tensor to the largest.
+  at::Tensor flat = tensor.contiguous().reshape({-1});
+  if (flat.numel() < largest) flat = at::cat({flat, at::zeros({largest - flat.numel()}, flat.options())});
+  std::vector<at::Tensor> input{flat};
+  std::vector<std::vector<at::Tensor>> output(1);
+  for (int r = 0; r < state.size; ++r) output[0].push_back(at::empty({largest}, flat.options()));
+  c10d::AllgatherOptions options;
+  options.timeout = state.options.timeout;
+  guarded(state, "all_gather", [&] { state.backend->allgather(output, input, options)->wait(); });
+  std::vector<at::Tensor> result;
+  for (int r = 0; r < state.size; ++r) {
+    const auto& shape = shapes[static_cast<std::size_t>(r)];
+    result.push_back(output[0][static_cast<std::size_t>(r)].narrow(0, 0, numel_of(shape)).reshape(shape));
+  }
+  return result;
+}
+
+at::Tensor process_group::all_gather_stacked(const at::Tensor& tensor) {
+  if (!state_) return tensor.unsqueeze(0).clone();
+  auto& state = *state_;
+  const auto shapes = gather_shapes(state, tensor);
+  for (int r = 0; r < state.size; ++r) {
+    if (shapes[static_cast<std::size_t>(r)] != tensor.sizes().vec()) {
+      std::ostringstream message;
+      message << "all_gather_stacked: rank " << state.global_ranks[static_cast<std::size_t>(r)] << " has shape "
+              << at::IntArrayRef(shapes[static_cast<std::size_t>(r)]) << ", this rank " << tensor.sizes()
+              << "; stacking needs equal shapes (all_gather returns one tensor per rank for unequal ones)";
+      throw configuration_error(message.str());
+    }
+  }
+  std::vector<int64_t> stacked_shape{state.size};
+  for (auto extent : tensor.sizes()) stacked_shape.push_back(extent);
+  at::Tensor output = at::empty(stacked_shape, tensor.options());
+  std::vector<at::Tensor> input{tensor.contiguous()};
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int r = 0; r < state.size; ++r) outputs[0].push_back(output[r]);
+  c10d::AllgatherOptions options;
+  options.timeout = state.options.timeout;
+  guarded(state, "all_gather", [&] { state.backend->allgather(outputs, input, options)->wait(); });
+  return output;
+}
+
+at::Tensor process_group::reduce_scatter(const at::Tensor& input, reduce_op op) {
+  collectives::check_mean_dtype(input, op);
+  const int world = size();
+  if (input.dim() == 0 || input.size(0) % world != 0) {
+    throw configuration_error("reduce_scatter: the input's first dimension (" +
+                              std::to_string(input.dim() ? input.size(0) : 0) + ") must be a multiple of the group size " +
+                              std::to_string(world));
+  }
+  const int64_t rows = input.size(0) / world;
+  if (!state_) return input.clone();
+  auto& state = *state_;
+  if (state.kind == backend::nccl) {
+    at::Tensor output = at::empty_like(input.narrow(0, 0, rows)).contiguous();
+    std::vector<at::Tensor> outputs{output};
+    std::vector<std::vector<at::Tensor>> inputs(1);
+    const auto chunks = input.contiguous().chunk(world, 0);
+    inputs[0].assign(chunks.begin(), chunks.end());
+    c10d::ReduceScatterOptions options;
+    options.reduceOp = native_op(op);
+    options.timeout = state.options.timeout;
+    guarded(state, "reduce_scatter", [&] { state.backend->reduce_scatter(outputs, inputs, options)->wait(); });
+    if (op == reduce_op::mean) output.div_(world);
+    return output;
+  }
+  // Gloo (1.13) has no reduce_scatter: all_reduce a copy, keep this rank's rows.
+  at::Tensor reduced = input.contiguous().clone();
+  all_reduce(reduced, op);
+  return reduced.narrow(0, rows * state.rank, rows).clone();
+}
+
+void process_group::barrier() {
+  if (!state_) return;
+  auto& state = *state_;
+  c10d::BarrierOptions options;
+  options.timeout = state.options.timeout;
+  guarded(state, "barrier", [&] { state.backend->barrier(options)->wait(); });
+}
+
+c10::IValue process_group::broadcast_object(const c10::IValue& value, int source) {
+  if (!state_) return value;
+  auto& state = *state_;
+  at::Tensor length = at::zeros({1}, at::kLong);
+  std::vector<char> bytes;
+  if (state.rank == source) {
+    bytes = torch::pickle_save(value);
+    length[0] = static_cast<int64_t>(bytes.size());
+  }
+  broadcast(length, source);
+  at::Tensor payload = at::empty({length.item<int64_t>()}, at::kByte);
+  if (state.rank == source) std::memcpy(payload.data_ptr(), bytes.data(), bytes.size());
+  broadcast(payload, source);
+  if (state.rank == source) return value;
+  const auto* data = static_cast<const char*>(payload.data_ptr());
+  return torch::pickle_load(std::vector<char>(data, data + payload.numel()));
+}
+
+process_group process_group::new_group(const std::vector<int>& ranks) const {
+  if (!state_) throw configuration_error("new_group: no process group (a single process has no sub-groups)");
+  auto& state = *state_;
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  if (sorted.empty() || std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end() || sorted.front() < 0 ||
+      sorted.back() >= state.size) {
+    throw configuration_error("new_group: the ranks must be distinct ranks of the group (0 to " +
+                              std::to_string(state.size - 1) + ")");
+  }
+  // Every rank counts the groups it was asked for, so the names agree.
+  const std::string name = state.group_name + "." + std::to_string(state.next_subgroup++);
+  auto position = std::find(sorted.begin(), sorted.end(), state.rank);
+  if (position == sorted.end()) return process_group();
+  std::vector<int> global;
+  for (int r : sorted) global.push_back(state.global_ranks[static_cast<std::size_t>(r)]);
+  try {
+    return process_group(build(state.root_store, name, static_cast<int>(position - sorted.begin()),
+                               static_cast<int>(sorted.size()), std::move(global), state.options, state.where));
+  } catch (const std::exception& error) {
+    throw peer_error("new_group " + name + " did not form: " + error.what());
+  }
+}
+
+int find_free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw std::runtime_error(std::string("find_free_port: socket: ") + std::strerror(errno));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof(address);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    ::close(fd);
+    throw std::runtime_error(std::string("find_free_port: ") + std::strerror(errno));
+  }
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+}  // namespace loom::comm

@@ -1,0 +1,211 @@
+#include <loom/errors.hpp>
+#include <loom/strategy/distributed_runtime.hpp>
+
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+
+namespace loom::detail {
+namespace {
+
+std::optional<int> env_int(const char* name) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return std::nullopt;
+  char* end = nullptr;
+  const long value = std::strtol(text, &end, 10);
+  if (*end != '\0') throw configuration_error(std::string(name) + "='" + text + "' is not an integer");
+  return static_cast<int>(value);
+}
+
+bool is_loopback(const std::string& address) {
+  return address.rfind("127.", 0) == 0 || address == "localhost" || address == "::1";
+}
+
+}  // namespace
+
+distributed_runtime::distributed_runtime(const strategy_environment& environment, launcher_kind launcher,
+                                         parallel_options options)
+    : environment_(environment), launcher_(launcher), options_(options), cluster_(cluster::detect()) {
+  const auto& requested = environment.requested;
+  num_nodes_ = environment.num_nodes;
+  if (cluster_.creates_processes_externally) {
+    node_rank_ = cluster_.node_rank;
+    local_rank_ = cluster_.local_rank;
+    if (cluster_.name == "lightning") {
+      if (!cluster_.world_size) {
+        throw configuration_error(
+            "LOCAL_RANK is set but WORLD_SIZE is not: a process started by hand needs both (and NODE_RANK, "
+            "MASTER_ADDR, MASTER_PORT for several nodes). Start the program with loom-run instead.");
+      }
+      world_size_ = *cluster_.world_size;
+      if (auto nodes = env_int("LT_NUM_NODES")) num_nodes_ = *nodes;
+    } else {
+      world_size_ = *cluster_.world_size;
+    }
+    // Processes per node: as asked, else as the launcher says, else spread evenly.
+    if (requested.given()) {
+      local_world_size_ = environment.parse_devices(requested).count();
+    } else if (cluster_.local_world_size) {
+      local_world_size_ = *cluster_.local_world_size;
+    } else if (const char* cli = std::getenv("LT_DEVICES"); cli != nullptr) {
+      local_world_size_ = environment.parse_devices(devices_spec(std::string(cli))).count();
+    } else {
+      local_world_size_ = std::max(1, world_size_ / std::max(1, num_nodes_));
+    }
+    if (cluster_.name == "lightning" || cluster_.name == "torchelastic") {
+      if (local_world_size_ * num_nodes_ != world_size_) {
+        throw configuration_error("devices=" + std::to_string(local_world_size_) + " and num_nodes=" +
+                                  std::to_string(num_nodes_) + " make " + std::to_string(local_world_size_ * num_nodes_) +
+                                  " processes, but the " + cluster_.name + " environment started " +
+                                  std::to_string(world_size_) + " (WORLD_SIZE). Make them agree.");
+      }
+    }
+    global_rank_ = cluster_.global_rank ? *cluster_.global_rank : node_rank_ * local_world_size_ + local_rank_;
+    num_nodes_ = std::max(1, world_size_ / std::max(1, local_world_size_));
+  } else {
+    local_world_size_ = environment.parse_devices(requested).count();
+    node_rank_ = cluster_.node_rank;
+    world_size_ = local_world_size_ * num_nodes_;
+    global_rank_ = node_rank_ * local_world_size_;
+    if (node_rank_ >= num_nodes_) {
+      throw configuration_error("NODE_RANK=" + std::to_string(node_rank_) + " is not below num_nodes=" +
+                                std::to_string(num_nodes_));
+    }
+  }
+  selection_ = environment.parse_devices(devices_spec(local_world_size_));
+  if (local_rank_ >= selection_.count()) {
+    throw configuration_error("local rank " + std::to_string(local_rank_) + " has no device: " +
+                              std::to_string(selection_.count()) + " device(s) per node");
+  }
+  device_ = environment.device_of(selection_, local_rank_);
+}
+
+void distributed_runtime::export_rank_variables(int local_rank) const {
+  ::setenv("LOCAL_RANK", std::to_string(local_rank).c_str(), 1);
+  ::setenv("NODE_RANK", std::to_string(node_rank_).c_str(), 1);
+  ::setenv("WORLD_SIZE", std::to_string(world_size_).c_str(), 1);
+  ::setenv("MASTER_ADDR", cluster_.main_address.c_str(), 1);
+  if (cluster_.main_port != 0) ::setenv("MASTER_PORT", std::to_string(cluster_.main_port).c_str(), 1);
+  if (!rendezvous_dir_.empty()) ::setenv(cluster::rendezvous_dir_variable, rendezvous_dir_.c_str(), 1);
+  ::setenv("LT_DEVICES", std::to_string(local_world_size_).c_str(), 1);
+  ::setenv("LT_NUM_NODES", std::to_string(num_nodes_).c_str(), 1);
+}
+
+void distributed_runtime::start_subprocesses() {
+  if (num_nodes_ == 1) rendezvous_dir_ = launch::make_private_directory();
+  export_rank_variables(0);
+  std::vector<std::string> argv = launch::own_command_line();
+  if (argv.empty()) throw std::runtime_error("launch: cannot read this program's command line");
+  argv[0] = launch::own_executable();
+  supervisor_ = std::make_unique<launch::supervisor>();
+  for (int rank = 1; rank < local_world_size_; ++rank) {
+    supervisor_->start(rank, argv, {{"LOCAL_RANK", std::to_string(rank)}});
+  }
+  cluster_.creates_processes_externally = true;
+  cluster_.rendezvous_dir = rendezvous_dir_.empty() ? std::nullopt : std::optional<std::string>(rendezvous_dir_);
+  start_monitor();
+}
+
+void distributed_runtime::fork_children() {
+  if (num_nodes_ == 1) rendezvous_dir_ = launch::make_private_directory();
+  supervisor_ = std::make_unique<launch::supervisor>();
+  const pid_t parent = ::getpid();
+  for (int rank = 1; rank < local_world_size_; ++rank) {
+    std::fflush(nullptr);
+    const pid_t pid = ::fork();
+    if (pid < 0) throw std::runtime_error("launch: fork failed");
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) std::_Exit(1);
+      forked_child_ = true;
+      (void)supervisor_.release();  // the siblings are the parent's to watch
+      local_rank_ = rank;
+      global_rank_ = node_rank_ * local_world_size_ + rank;
+      device_ = environment_.device_of(selection_, rank);
+      export_rank_variables(rank);
+      if (!rendezvous_dir_.empty()) cluster_.rendezvous_dir = rendezvous_dir_;
+      rendezvous_dir_.clear();  // the parent removes it
+      cluster_.creates_processes_externally = true;
+      return;
+    }
+    supervisor_->adopt(rank, pid);
+  }
+  export_rank_variables(0);
+  cluster_.creates_processes_externally = true;
+  start_monitor();
+}
+
+void distributed_runtime::start_monitor() {
+  if (!supervisor_ || supervisor_->children().empty()) return;
+  monitor_ = std::thread([this] {
+    const launch::job_outcome outcome = supervisor_->wait_all();
+    if (outcome.failed_rank) {
+      // A local rank failed: the others were ended; this process (rank 0) ends
+      // with the failing rank's status, so the job as a whole fails.
+      std::fflush(stdout);
+      std::fprintf(stderr, "loom: %s; the other ranks were ended\n", outcome.description.c_str());
+      std::fflush(stderr);
+      if (!rendezvous_dir_.empty()) launch::remove_directory(rendezvous_dir_);
+      std::_Exit(outcome.exit_code == 0 ? 1 : outcome.exit_code);
+    }
+  });
+}
+
+void distributed_runtime::launch() {
+  if (launched_) return;
+  if (!cluster_.creates_processes_externally && local_world_size_ > 1) {
+    if (launcher_ == launcher_kind::fork) {
+      fork_children();
+    } else {
+      start_subprocesses();
+    }
+  }
+  launched_ = true;
+  connect();
+}
+
+void distributed_runtime::connect() {
+  if (world_size_ == 1) return;  // one process: collectives are identities
+  comm::rendezvous where;
+  const std::string dir = !rendezvous_dir_.empty() ? rendezvous_dir_ : cluster_.rendezvous_dir.value_or("");
+  if (!dir.empty() && num_nodes_ == 1) {
+    where.file_path = dir + "/store";
+  } else {
+    where.address = cluster_.main_address;
+    where.port = cluster_.main_port;
+    if (where.port == 0) {
+      throw configuration_error(
+          "no rendezvous for " + std::to_string(world_size_) + " processes: set MASTER_ADDR and MASTER_PORT (the "
+          "address and a free port of node 0), or start the program with loom-run.");
+    }
+  }
+  comm::group_options group_options;
+  group_options.timeout = options_.timeout;
+  group_options.kind = options_.backend;
+  group_options.loopback_only = num_nodes_ == 1 || is_loopback(cluster_.main_address);
+  group_ = comm::process_group::connect(where, global_rank_, world_size_, group_options);
+}
+
+comm::process_group& distributed_runtime::group() {
+  if (!launched_) {
+    if (!cluster_.creates_processes_externally && local_world_size_ > 1) {
+      throw configuration_error("this strategy runs " + std::to_string(local_world_size_) +
+                                " processes per node: call fabric.launch() first (or start the program with "
+                                "loom-run, torchrun, srun or mpirun)");
+    }
+    launch();
+  }
+  return group_;
+}
+
+distributed_runtime::~distributed_runtime() {
+  if (monitor_.joinable()) monitor_.join();
+  group_ = comm::process_group();
+  if (!rendezvous_dir_.empty()) launch::remove_directory(rendezvous_dir_);
+}
+
+}  // namespace loom::detail
