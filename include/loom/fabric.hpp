@@ -41,7 +41,7 @@
 namespace loom {
 
 struct fabric_options {
-  devices_spec devices = 1;
+  devices_spec devices;  // not given: 1, or what an external launcher started
   int num_nodes = 1;
   std::vector<logger> loggers;
   std::vector<callback> callbacks;

@@ -97,6 +97,12 @@ std::string diagnose(process_group_state& state, const std::string& operation, c
   return out.str();
 }
 
+// c10d's messages without the C++ backtrace c10::Error appends.
+std::string error_text(const std::exception& error) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&error)) return c10_error->what_without_backtrace();
+  return error.what();
+}
+
 // Runs a collective; after a failure the group is marked broken, so that no
 // later call waits on peers that are gone.
 template <class Body>
@@ -113,7 +119,7 @@ void guarded(process_group_state& state, const char* operation, Body&& body) {
   } catch (const peer_error&) {
     throw;
   } catch (const std::exception& error) {
-    std::string message = diagnose(state, operation, error.what());
+    std::string message = diagnose(state, operation, error_text(error));
     {
       std::lock_guard<std::mutex> lock(state.broken_mutex);
       state.broken = message;
@@ -131,6 +137,33 @@ c10d::ReduceOp native_op(reduce_op op) {
     case reduce_op::product: return c10d::ReduceOp(c10d::ReduceOp::PRODUCT);
   }
   return c10d::ReduceOp(c10d::ReduceOp::SUM);
+}
+
+// Gloo reduces and moves float, double, half and the integer types; bf16
+// travels as float (exact for the values, and summed more precisely). Other
+// dtypes are refused before anything is sent, so the group stays usable.
+bool gloo_supports(c10::ScalarType dtype) {
+  switch (dtype) {
+    case c10::ScalarType::Float:
+    case c10::ScalarType::Double:
+    case c10::ScalarType::Half:
+    case c10::ScalarType::Char:
+    case c10::ScalarType::Byte:
+    case c10::ScalarType::Int:
+    case c10::ScalarType::Long: return true;
+    default: return false;
+  }
+}
+
+// The tensor as the backend can take it: itself, or a float copy of a bf16 one.
+at::Tensor wire_tensor(const process_group_state& state, const at::Tensor& tensor, const char* operation) {
+  if (state.kind == backend::nccl || gloo_supports(tensor.scalar_type())) {
+    return tensor.is_contiguous() ? tensor : tensor.contiguous();
+  }
+  if (tensor.scalar_type() == c10::ScalarType::BFloat16) return tensor.to(at::kFloat);
+  throw configuration_error(std::string(operation) + ": Gloo cannot move " + c10::toString(tensor.scalar_type()) +
+                            " tensors; accepted: float, double, half, bfloat16 (sent as float), int8, uint8, int32, "
+                            "int64. Convert the tensor first.");
 }
 
 std::shared_ptr<::gloo::transport::Device> gloo_device(const group_options& options) {
@@ -223,7 +256,7 @@ process_group process_group::connect(const rendezvous& where, int rank, int worl
   } catch (const configuration_error&) {
     throw;
   } catch (const std::exception& error) {
-    const std::string what = error.what();
+    const std::string what = error_text(error);
     if (!where.file_path && rank == 0 && (what.find("in use") != std::string::npos ||
                                           what.find("failed to listen") != std::string::npos ||
                                           what.find("bind") != std::string::npos)) {
@@ -246,8 +279,8 @@ process_group process_group::connect(const rendezvous& where, int rank, int worl
   } catch (const std::exception& error) {
     throw peer_error("rank " + std::to_string(rank) + " of " + std::to_string(world_size) +
                      ": the process group did not form through " + where_text + " within " +
-                     std::to_string(options.timeout.count()) + " ms (did every rank start?). (c10d: " + error.what() +
-                     ")");
+                     std::to_string(options.timeout.count()) + " ms (did every rank start?). (c10d: " +
+                     error_text(error) + ")");
   }
 }
 
@@ -255,8 +288,8 @@ void process_group::all_reduce(at::Tensor& tensor, reduce_op op) {
   collectives::check_mean_dtype(tensor, op);
   if (!state_) return;
   auto& state = *state_;
-  const bool direct = tensor.is_contiguous();
-  std::vector<at::Tensor> buffers{direct ? tensor : tensor.contiguous()};
+  std::vector<at::Tensor> buffers{wire_tensor(state, tensor, "all_reduce")};
+  const bool direct = buffers[0].is_same(tensor);
   c10d::AllreduceOptions options;
   options.reduceOp = native_op(op);
   options.timeout = state.options.timeout;
@@ -272,8 +305,8 @@ void process_group::broadcast(at::Tensor& tensor, int source) {
     throw configuration_error("broadcast: source rank " + std::to_string(source) + " is not in a group of " +
                               std::to_string(state.size));
   }
-  const bool direct = tensor.is_contiguous();
-  std::vector<at::Tensor> buffers{direct ? tensor : tensor.contiguous()};
+  std::vector<at::Tensor> buffers{wire_tensor(state, tensor, "broadcast")};
+  const bool direct = buffers[0].is_same(tensor);
   c10d::BroadcastOptions options;
   options.rootRank = source;
   options.timeout = state.options.timeout;
@@ -324,11 +357,11 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
 std::vector<at::Tensor> process_group::all_gather(const at::Tensor& tensor) {
   if (!state_) return {tensor.clone()};
   auto& state = *state_;
+  at::Tensor flat = wire_tensor(state, tensor, "all_gather").reshape({-1});
   const auto shapes = gather_shapes(state, tensor);
   int64_t largest = 0;
   for (const auto& shape : shapes) largest = std::max(largest, numel_of(shape));
   // Gloo gathers equal sizes: pad every flattened tensor to the largest.
-  at::Tensor flat = tensor.contiguous().reshape({-1});
   if (flat.numel() < largest) flat = at::cat({flat, at::zeros({largest - flat.numel()}, flat.options())});
   std::vector<at::Tensor> input{flat};
   std::vector<std::vector<at::Tensor>> output(1);
@@ -339,7 +372,8 @@ std::vector<at::Tensor> process_group::all_gather(const at::Tensor& tensor) {
   std::vector<at::Tensor> result;
   for (int r = 0; r < state.size; ++r) {
     const auto& shape = shapes[static_cast<std::size_t>(r)];
-    result.push_back(output[0][static_cast<std::size_t>(r)].narrow(0, 0, numel_of(shape)).reshape(shape));
+    result.push_back(
+        output[0][static_cast<std::size_t>(r)].narrow(0, 0, numel_of(shape)).reshape(shape).to(tensor.scalar_type()));
   }
   return result;
 }
@@ -347,6 +381,7 @@ std::vector<at::Tensor> process_group::all_gather(const at::Tensor& tensor) {
 at::Tensor process_group::all_gather_stacked(const at::Tensor& tensor) {
   if (!state_) return tensor.unsqueeze(0).clone();
   auto& state = *state_;
+  std::vector<at::Tensor> input{wire_tensor(state, tensor, "all_gather")};
   const auto shapes = gather_shapes(state, tensor);
   for (int r = 0; r < state.size; ++r) {
     if (shapes[static_cast<std::size_t>(r)] != tensor.sizes().vec()) {
@@ -359,14 +394,13 @@ at::Tensor process_group::all_gather_stacked(const at::Tensor& tensor) {
   }
   std::vector<int64_t> stacked_shape{state.size};
   for (auto extent : tensor.sizes()) stacked_shape.push_back(extent);
-  at::Tensor output = at::empty(stacked_shape, tensor.options());
-  std::vector<at::Tensor> input{tensor.contiguous()};
+  at::Tensor output = at::empty(stacked_shape, input[0].options());
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int r = 0; r < state.size; ++r) outputs[0].push_back(output[r]);
   c10d::AllgatherOptions options;
   options.timeout = state.options.timeout;
   guarded(state, "all_gather", [&] { state.backend->allgather(outputs, input, options)->wait(); });
-  return output;
+  return output.to(tensor.scalar_type());
 }
 
 at::Tensor process_group::reduce_scatter(const at::Tensor& input, reduce_op op) {
@@ -445,7 +479,7 @@ process_group process_group::new_group(const std::vector<int>& ranks) const {
     return process_group(build(state.root_store, name, static_cast<int>(position - sorted.begin()),
                                static_cast<int>(sorted.size()), std::move(global), state.options, state.where));
   } catch (const std::exception& error) {
-    throw peer_error("new_group " + name + " did not form: " + error.what());
+    throw peer_error("new_group " + name + " did not form: " + error_text(error));
   }
 }
 

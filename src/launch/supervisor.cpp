@@ -70,6 +70,9 @@ pid_t supervisor::start(int local_rank, const std::vector<std::string>& argv, co
     ::close(report[0]);
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);  // the parent died before prctl
+    // Its own process group, so that ending a rank ends what it started too
+    // (a shell's children, say).
+    ::setpgid(0, 0);
     ::signal(SIGINT, SIG_DFL);
     ::signal(SIGTERM, SIG_DFL);
     ::execvpe(arg_pointers[0], arg_pointers.data(), env_pointers.data());
@@ -90,6 +93,8 @@ pid_t supervisor::start(int local_rank, const std::vector<std::string>& argv, co
     throw configuration_error("cannot start '" + argv[0] + "' for local rank " + std::to_string(local_rank) + ": " +
                               std::strerror(exec_error));
   }
+  ::setpgid(pid, pid);  // also here: whichever of parent and child runs first
+  own_groups_ = true;
   children_.push_back({local_rank, pid});
   reaped_.push_back(false);
   return pid;
@@ -104,7 +109,11 @@ bool supervisor::running() const {
 
 void supervisor::signal_all(int signal) {
   for (std::size_t i = 0; i < children_.size(); ++i) {
-    if (!reaped_[i]) ::kill(children_[i].pid, signal);
+    if (reaped_[i]) continue;
+    // The child's process group when it leads one (children started here do),
+    // else the child alone (adopted, forked ones).
+    if (::getpgid(children_[i].pid) == children_[i].pid) ::kill(-children_[i].pid, signal);
+    else ::kill(children_[i].pid, signal);
   }
 }
 
@@ -155,6 +164,8 @@ job_outcome supervisor::wait_all() {
       }
       any = true;
       reaped_[i] = true;
+      // What the rank started may outlive it; its process group goes with it.
+      if (own_groups_) ::kill(-children_[i].pid, SIGKILL);
       const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
       if (failed && !outcome.failed_rank) {
         outcome.failed_rank = children_[i].local_rank;

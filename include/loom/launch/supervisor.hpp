@@ -58,6 +58,7 @@ class supervisor {
   std::chrono::milliseconds grace_;
   std::vector<child> children_;
   std::vector<bool> reaped_;
+  bool own_groups_ = false;  // children started here lead their own process groups
 };
 
 // "exited with status 3", "was killed by signal 9 (Killed)".

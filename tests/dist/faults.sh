@@ -1,0 +1,61 @@
+#!/bin/sh
+# Faults: a rank killed inside an all_reduce (survivors raise within 5 s,
+# naming it), a rank that stops taking part (timeout), and the TCPStore
+# rendezvous errors (port in use, nothing to reach). TRIALS kill trials.
+. "$(dirname "$0")/common.sh"
+TRIALS=${3:-3}
+
+trial=1
+while [ $trial -le "$TRIALS" ]; do
+  dir=$(mktemp -d)
+  for rank in 0 1 2; do
+    LOOM_TEST_KILL_RANK=1 LOCAL_RANK=$rank WORLD_SIZE=3 LOOM_RENDEZVOUS_DIR=$dir \
+      timeout 60 "$WORKER" allreduce_loop 0 "$MARK" > "$WORK/kill$trial.$rank" 2>&1 &
+  done
+  wait
+  rm -rf "$dir"
+  for rank in 0 2; do
+    line=$(grep "caught after" "$WORK/kill$trial.$rank")
+    seconds=$(echo "$line" | sed -n 's/.*caught after \([0-9.]*\) s.*/\1/p')
+    if [ -n "$seconds" ] && awk -v s="$seconds" 'BEGIN { exit !(s < 5) }' && echo "$line" | grep -q "rank 1 (pid"; then
+      pass "trial $trial: rank $rank raised after ${seconds} s naming rank 1"
+    else
+      fail "trial $trial: rank $rank: $(cat "$WORK/kill$trial.$rank")"
+    fi
+  done
+  trial=$((trial + 1))
+done
+
+# A live rank that stops taking part: the others time out (2 s here).
+dir=$(mktemp -d)
+for rank in 0 1; do
+  LOOM_TEST_TIMEOUT_MS=2000 LOCAL_RANK=$rank WORLD_SIZE=2 LOOM_RENDEZVOUS_DIR=$dir \
+    timeout 60 "$WORKER" hang 0 "$MARK" > "$WORK/hang.$rank" 2>&1 &
+done
+sleep 6
+pkill -f "hang 0 $MARK"
+wait
+rm -rf "$dir"
+expect_contains "$WORK/hang.0" "no answer within the timeout of 2000 ms" "a silent rank becomes a timeout error"
+
+# TCPStore path: the port is taken.
+port=$(free_port)
+/usr/bin/python3 -c "import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('0.0.0.0', $port)); s.listen(); time.sleep(30)" "$MARK" &
+holder=$!
+sleep 0.5
+LOOM_TEST_TIMEOUT_MS=3000 LOCAL_RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+  timeout 30 "$WORKER" rendezvous 0 "$MARK" > "$WORK/inuse" 2>&1
+expect_contains "$WORK/inuse" "cannot host the rendezvous store on port $port: the port is already in use" "port in use"
+kill "$holder" 2>/dev/null
+
+# TCPStore path: nothing answers at the main address; the error comes within the timeout.
+port=$(free_port)
+start=$(date +%s%N)
+LOOM_TEST_TIMEOUT_MS=3000 LOCAL_RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+  timeout 30 "$WORKER" rendezvous 0 "$MARK" > "$WORK/unreachable" 2>&1
+took=$(elapsed_ms "$start")
+expect_contains "$WORK/unreachable" "cannot reach the rendezvous store at 127.0.0.1:$port within 3000 ms" "main address unreachable"
+[ "$took" -lt 8000 ] && pass "the unreachable error came in $took ms (timeout 3000 ms)" || fail "it took $took ms"
+wait
+expect_no_leftovers "faults"
+exit $failed
