@@ -23,6 +23,7 @@
 #include <fstream>
 #include <mutex>
 #include <sstream>
+#include <thread>
 
 namespace loom::comm {
 
@@ -72,13 +73,25 @@ std::string diagnose(process_group_state& state, const std::string& operation, c
       << state.group_name << "' of " << state.size << ") failed: ";
   const std::string here = hostname();
   std::vector<std::string> gone;
-  for (int r = 0; r < state.size; ++r) {
-    if (r == state.rank) continue;
-    const auto& peer = state.peers[static_cast<std::size_t>(r)];
-    if (peer.host == here && peer.pid > 0 && process_gone(peer.pid)) {
-      gone.push_back("rank " + std::to_string(state.global_ranks[static_cast<std::size_t>(r)]) + " (pid " +
-                     std::to_string(peer.pid) + ")");
+  auto look = [&] {
+    gone.clear();
+    for (int r = 0; r < state.size; ++r) {
+      if (r == state.rank) continue;
+      const auto& peer = state.peers[static_cast<std::size_t>(r)];
+      if (peer.host == here && peer.pid > 0 && process_gone(peer.pid)) {
+        gone.push_back("rank " + std::to_string(state.global_ranks[static_cast<std::size_t>(r)]) + " (pid " +
+                       std::to_string(peer.pid) + ")");
+      }
     }
+  };
+  look();
+  // A dying process closes its sockets before it turns into a zombie: when a
+  // connection was lost, give the kernel a moment to finish the exit.
+  const bool connection_lost = error.find("closed by peer") != std::string::npos ||
+                               error.find("reset by peer") != std::string::npos;
+  for (int attempt = 0; gone.empty() && connection_lost && attempt < 50; ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    look();
   }
   if (!gone.empty()) {
     for (std::size_t i = 0; i < gone.size(); ++i) out << (i ? ", " : "") << gone[i];
