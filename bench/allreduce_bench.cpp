@@ -16,6 +16,8 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
+#include <string>
+#include <thread>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -110,9 +112,17 @@ int main() {
       const double loom_us = median(loom_times) * 1e6;
       const double raw_us = median(raw_times) * 1e6;
       const double control_us = median(control_times) * 1e6;
-      std::printf("size=%-7s calls=%-5d loom_us=%10.1f raw_us=%10.1f ratio=%.3f  noise(raw2/raw)=%.3f  copy_us=%.1f\n",
-                  size.label, size.iterations, loom_us, raw_us, loom_us / raw_us, control_us / raw_us,
-                  median(copy_times) * 1e6);
+      // Ratios within each triple, whose calls ran moments apart: slow
+      // stretches of the machine fall on both sides of one ratio.
+      std::vector<double> paired, paired_control;
+      for (std::size_t i = 0; i < loom_times.size(); ++i) {
+        paired.push_back(loom_times[i] / raw_times[i]);
+        paired_control.push_back(control_times[i] / raw_times[i]);
+      }
+      std::printf("size=%-7s calls=%-5d loom_us=%9.1f raw_us=%9.1f ratio=%.3f paired=%.3f | noise raw2/raw: ratio=%.3f "
+                  "paired=%.3f | copy_us=%.1f\n",
+                  size.label, size.iterations, loom_us, raw_us, loom_us / raw_us, median(paired), control_us / raw_us,
+                  median(paired_control), median(copy_times) * 1e6);
       std::fflush(stdout);
     }
   }

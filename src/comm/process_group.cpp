@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <atomic>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -43,8 +44,12 @@ struct process_group_state {
   std::vector<peer_identity> peers;  // by rank of this group
   int next_subgroup = 0;
   std::string group_name = "world";
-  std::string broken;  // why the group is unusable; empty while it works
+  std::atomic<bool> is_broken{false};
+  std::string broken;  // why the group is unusable; set once, before is_broken
   std::mutex broken_mutex;
+  // The one-tensor list c10d's API takes, kept so an all_reduce allocates
+  // nothing of loom's own (c10d's Work objects are c10d's).
+  std::vector<at::Tensor> single{at::Tensor()};
   rendezvous where;
 };
 
@@ -120,12 +125,10 @@ std::string error_text(const std::exception& error) {
 // later call waits on peers that are gone.
 template <class Body>
 void guarded(process_group_state& state, const char* operation, Body&& body) {
-  {
+  if (state.is_broken.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(state.broken_mutex);
-    if (!state.broken.empty()) {
-      throw peer_error(std::string(operation) + ": the process group is unusable after an earlier failure: " +
-                       state.broken);
-    }
+    throw peer_error(std::string(operation) + ": the process group is unusable after an earlier failure: " +
+                     state.broken);
   }
   try {
     body();
@@ -135,7 +138,8 @@ void guarded(process_group_state& state, const char* operation, Body&& body) {
     std::string message = diagnose(state, operation, error_text(error));
     {
       std::lock_guard<std::mutex> lock(state.broken_mutex);
-      state.broken = message;
+      if (state.broken.empty()) state.broken = message;
+      state.is_broken.store(true, std::memory_order_release);
     }
     throw peer_error(message);
   }
@@ -301,7 +305,8 @@ void process_group::all_reduce(at::Tensor& tensor, reduce_op op) {
   collectives::check_mean_dtype(tensor, op);
   if (!state_) return;
   auto& state = *state_;
-  std::vector<at::Tensor> buffers{wire_tensor(state, tensor, "all_reduce")};
+  auto& buffers = state.single;
+  buffers[0] = wire_tensor(state, tensor, "all_reduce");
   const bool direct = buffers[0].is_same(tensor);
   c10d::AllreduceOptions options;
   options.reduceOp = native_op(op);
@@ -309,6 +314,7 @@ void process_group::all_reduce(at::Tensor& tensor, reduce_op op) {
   guarded(state, "all_reduce", [&] { state.backend->allreduce(buffers, options)->wait(); });
   if (op == reduce_op::mean) buffers[0].div_(state.size);
   if (!direct) tensor.copy_(buffers[0]);
+  buffers[0] = at::Tensor();  // keep no reference to the caller's tensor
 }
 
 void process_group::broadcast(at::Tensor& tensor, int source) {

@@ -252,6 +252,28 @@ int run_allreduce_loop() {
   }
 }
 
+// fabric.launch() started the ranks itself; the last one kills itself. The
+// others keep sleeping in their failure handler, so what ends the job is
+// rank 0's watch over the ranks it started (it exits with the dead rank's
+// status, after ending the others).
+int run_launch_kill(int devices) {
+  loom::Fabric<loom::cpu, loom::parallel> fabric({.devices = devices},
+                                                 loom::parallel(loom::parallel_options{.timeout = timeout_from_env()}));
+  fabric.launch();
+  at::Tensor tensor = at::ones({8});
+  for (int iteration = 0; iteration < 100000; ++iteration) {
+    if (iteration == 50 && fabric.global_rank() == devices - 1) ::raise(SIGKILL);
+    try {
+      fabric.all_reduce_(tensor);
+    } catch (const loom::peer_error&) {
+      std::this_thread::sleep_for(std::chrono::seconds(60));
+      return 3;
+    }
+    tensor.fill_(1.0);
+  }
+  return 0;
+}
+
 // A rank that stops taking part: rank 1 sleeps; the others time out.
 int run_hang() {
   loom::Fabric<loom::cpu, loom::parallel> fabric({}, loom::parallel(loom::parallel_options{.timeout = timeout_from_env()}));
@@ -309,6 +331,7 @@ int main(int argc, char** argv) {
     if (scenario == "collectives") return run_collectives();
     if (scenario == "launch_self") return run_launch_self(devices);
     if (scenario == "fork") return run_fork(devices);
+    if (scenario == "launch_kill") return run_launch_kill(devices);
     if (scenario == "allreduce_loop") return run_allreduce_loop();
     if (scenario == "hang") return run_hang();
     if (scenario == "rendezvous") return run_rendezvous();

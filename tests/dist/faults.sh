@@ -26,6 +26,17 @@ while [ $trial -le "$TRIALS" ]; do
   trial=$((trial + 1))
 done
 
+# fabric.launch() started 3 ranks itself and one is killed: rank 0 ends the
+# others and exits with the dead rank's status, naming it.
+start=$(date +%s%N)
+timeout 60 "$WORKER" launch_kill 3 "$MARK" > "$WORK/launch_kill" 2>&1
+status=$?
+took=$(elapsed_ms "$start")
+[ $status -eq 137 ] && pass "launch(): the job exits with the killed rank's status (137) in $took ms" ||
+  fail "launch(): exit status $status after $took ms: $(cat "$WORK/launch_kill")"
+expect_contains "$WORK/launch_kill" "loom: local rank 2" "launch(): the dead rank is named"
+expect_no_leftovers "after a rank of launch() died"
+
 # A live rank that stops taking part: the others time out (2 s here).
 dir=$(mktemp -d)
 for rank in 0 1; do
