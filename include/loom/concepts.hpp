@@ -97,13 +97,14 @@ concept Strategy = detail::tagged_as<S, strategy_tag> &&
     requires(S& strategy, const S& const_strategy, const strategy_environment& environment,
              torch::nn::Module& module) {
   { S::name } -> std::convertible_to<std::string_view>;
+  typename S::module_state;
   strategy.setup_environment(environment);
   { const_strategy.root_device() } -> std::same_as<c10::Device>;
   { const_strategy.world_size() } -> std::convertible_to<int>;
   { const_strategy.global_rank() } -> std::convertible_to<int>;
   { const_strategy.local_rank() } -> std::convertible_to<int>;
   { const_strategy.node_rank() } -> std::convertible_to<int>;
-  strategy.setup_module(module);
+  { strategy.setup_module(module) } -> std::convertible_to<typename S::module_state>;
   strategy.barrier();
 };
 
@@ -240,12 +241,14 @@ constexpr bool diagnose_strategy() {
                   "global_rank(), local_rank() and node_rank(); inherit loom::strategy_base for the defaults.");
     return false;
   } else if constexpr (!requires(S& strategy, torch::nn::Module& module) {
-                         strategy.setup_module(module);
+                         typename S::module_state;
+                         { strategy.setup_module(module) } -> std::convertible_to<typename S::module_state>;
                          strategy.barrier();
                        }) {
     static_assert(detail::dependent_false<S>,
-                  "loom::Fabric<A, S, P>: strategy S needs `void setup_module(torch::nn::Module&)` and "
-                  "`void barrier()`; inherit loom::strategy_base for the defaults.");
+                  "loom::Fabric<A, S, P>: strategy S needs `using module_state = ...`, `module_state "
+                  "setup_module(torch::nn::Module&, bool move_to_device = true)` and `void barrier()`; inherit "
+                  "loom::strategy_base for the defaults.");
     return false;
   } else {
     return true;

@@ -178,8 +178,8 @@ class Fabric {
                   "fabric.setup(module, optimizer...) instead.");
     torch::nn::Module& impl = *module;
     precision_.convert_module(impl);
-    if (move_to_device) strategy_.setup_module(impl);
-    return module_type<Holder>(std::move(module), strategy_, precision_);
+    typename S::module_state state = strategy_.setup_module(impl, move_to_device);
+    return module_type<Holder>(std::move(module), strategy_, precision_, std::move(state));
   }
 
   template <class... Optimizers>
@@ -253,7 +253,7 @@ class Fabric {
                   "without it.");
     static_assert(is_fabric_module<Module>,
                   "loom::Fabric::no_backward_sync(module): pass the module that fabric.setup returned.");
-    return strategy_.no_backward_sync(*module, enabled);
+    return strategy_.no_backward_sync(module.strategy_state(), enabled);
   }
 
   // Tensors (or containers of them) moved to the device.

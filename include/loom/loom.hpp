@@ -29,6 +29,8 @@
 #include <loom/precision/true_precision.hpp>
 #include <loom/runtime/names.hpp>
 #include <loom/strategy/collectives.hpp>
+#include <loom/strategy/ddp.hpp>
+#include <loom/strategy/ddp_engine.hpp>
 #include <loom/strategy/distributed_runtime.hpp>
 #include <loom/strategy/parallel.hpp>
 #include <loom/strategy/single_device.hpp>

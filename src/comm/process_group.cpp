@@ -1,6 +1,8 @@
 // loom::comm::process_group over c10d: rendezvous (FileStore or TCPStore),
 // Gloo devices, collectives that Gloo lacks (mean, reduce_scatter, uneven
 // all_gather), and the translation of failures into loom::peer_error.
+#include "process_group_state.hpp"
+
 #include <loom/comm/process_group.hpp>
 #include <loom/compat_c10d.hpp>
 #include <loom/errors.hpp>
@@ -22,36 +24,12 @@
 #include <cstring>
 #include <fstream>
 #include <atomic>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <thread>
 
 namespace loom::comm {
-
-struct peer_identity {
-  std::string host;
-  long pid = 0;
-};
-
-struct process_group_state {
-  c10::intrusive_ptr<c10d::Store> root_store;  // shared by the world group and its sub-groups
-  c10::intrusive_ptr<compat::c10d_backend> backend;
-  int rank = 0;
-  int size = 1;
-  comm::backend kind = comm::backend::gloo;
-  group_options options;
-  std::vector<int> global_ranks;     // this group's ranks, as ranks of the world group
-  std::vector<peer_identity> peers;  // by rank of this group
-  int next_subgroup = 0;
-  std::string group_name = "world";
-  std::atomic<bool> is_broken{false};
-  std::string broken;  // why the group is unusable; set once, before is_broken
-  std::mutex broken_mutex;
-  // The one-tensor list c10d's API takes, kept so an all_reduce allocates
-  // nothing of loom's own (c10d's Work objects are c10d's).
-  std::vector<at::Tensor> single{at::Tensor()};
-  rendezvous where;
-};
 
 namespace {
 
@@ -228,7 +206,13 @@ std::shared_ptr<process_group_state> build(c10::intrusive_ptr<c10d::Store> root,
   // Who is who, so that a failure can name the rank that went away.
   const std::string identity = hostname() + " " + std::to_string(::getpid());
   store->set("peer/" + std::to_string(rank), std::vector<uint8_t>(identity.begin(), identity.end()));
+  state->store = store;
   state->backend = make_backend(store, rank, size, options);
+  // Sequence numbers count the collectives issued on the group (for tests
+  // and for the DDP engine's all-reduce count); agreeing on the start is a
+  // store exchange, done once here.
+  state->backend->setSequenceNumberForGroup();
+  state->first_sequence_number = state->backend->getSequenceNumberForGroup();
   state->peers.resize(static_cast<std::size_t>(size));
   for (int r = 0; r < size; ++r) {
     std::istringstream in(to_string(store->get("peer/" + std::to_string(r))));
@@ -238,6 +222,19 @@ std::shared_ptr<process_group_state> build(c10::intrusive_ptr<c10d::Store> root,
 }
 
 }  // namespace
+
+c10::intrusive_ptr<c10d::ProcessGroup> native_group(process_group_state& state) {
+  if (!state.native) {
+    state.native = compat::as_process_group(state.store, state.rank, state.size, state.backend,
+                                            state.kind == backend::nccl);
+  }
+  return state.native;
+}
+
+std::uint64_t process_group::collectives_issued() const {
+  if (!state_) return 0;
+  return state_->backend->getSequenceNumberForGroup() - state_->first_sequence_number;
+}
 
 int process_group::rank() const noexcept { return state_ ? state_->rank : 0; }
 int process_group::size() const noexcept { return state_ ? state_->size : 1; }
@@ -256,7 +253,16 @@ process_group process_group::connect(const rendezvous& where, int rank, int worl
       where.file_path ? "file " + *where.file_path : where.address + ":" + std::to_string(where.port);
   try {
     if (where.file_path) {
-      store = c10::make_intrusive<c10d::FileStore>(*where.file_path, world_size);
+      // One FileStore per file and process: FileStore counts its instances in
+      // the file and deletes the file when a count reaches zero, so a second
+      // instance (a second Fabric) that goes away would take the first one's
+      // keys with it. The store lives as long as the process.
+      static std::mutex stores_mutex;
+      static std::map<std::string, c10::intrusive_ptr<c10d::Store>> file_stores;
+      std::lock_guard<std::mutex> lock(stores_mutex);
+      auto& shared = file_stores[*where.file_path];
+      if (!shared) shared = c10::make_intrusive<c10d::FileStore>(*where.file_path, world_size);
+      store = shared;
       store->setTimeout(options.timeout);
     } else {
       if (where.port < 1 || where.port > 65535) {
@@ -289,8 +295,13 @@ process_group process_group::connect(const rendezvous& where, int rank, int worl
 
   std::vector<int> ranks(static_cast<std::size_t>(world_size));
   for (int r = 0; r < world_size; ++r) ranks[static_cast<std::size_t>(r)] = r;
+  // A process may form several world groups through one store (one per
+  // Fabric); every rank forms them in the same order, so a count names them.
+  static std::atomic<int> worlds{0};
+  const int index = worlds.fetch_add(1);
+  const std::string name = index == 0 ? "world" : "world" + std::to_string(index);
   try {
-    return process_group(build(store, "world", rank, world_size, std::move(ranks), options, where));
+    return process_group(build(store, name, rank, world_size, std::move(ranks), options, where));
   } catch (const configuration_error&) {
     throw;
   } catch (const std::exception& error) {

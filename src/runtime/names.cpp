@@ -42,9 +42,10 @@ const std::vector<strategy_name>& strategy_names() {
       {"parallel", true, "",
        "processes, ranks and collectives without gradient synchronisation (for codes that synchronise themselves)"},
       {"parallel_fork", true, "", "parallel, with processes forked by launch(fn)"},
-      {"ddp", false, "not built yet (the DDP strategy is the next step)", "distributed data parallel"},
-      {"ddp_fork", false, "not built yet", "ddp with forked processes"},
-      {"ddp_find_unused_parameters_true", false, "not built yet", "ddp that tolerates unused parameters"},
+      {"ddp", true, "", "distributed data parallel: bucketed, overlapped gradient all-reduce"},
+      {"ddp_fork", true, "", "ddp with processes forked by launch(fn)"},
+      {"ddp_find_unused_parameters_true", true, "", "ddp that finds parameters a forward left unused"},
+      {"ddp_find_unused_parameters_false", true, "", "ddp (the default: every parameter is used)"},
       {"ddp_spawn", false, "it spawns Python processes by pickling; it has no C++ meaning: use ddp", ""},
       {"ddp_notebook", false, "it forks a notebook kernel; it has no C++ meaning: use ddp", ""},
       {"dp", false, "not built yet", "data parallel in one process"},
@@ -103,7 +104,11 @@ std::string cli_conflict(std::string_view accelerator, std::string_view strategy
       add("the code has accelerator '" + std::string(accelerator) + "' but the CLI gave --accelerator=" + *cli);
     }
   }
-  if (auto cli = variable("LT_STRATEGY"); cli && *cli != "auto" && *cli != strategy) {
+  // Presets name the strategy with its options: ddp_find_unused_parameters_true is a ddp.
+  auto family = [](std::string_view name) {
+    return name.rfind("ddp_find_unused_parameters", 0) == 0 ? std::string_view("ddp") : name;
+  };
+  if (auto cli = variable("LT_STRATEGY"); cli && *cli != "auto" && family(*cli) != strategy) {
     add("the code has strategy '" + std::string(strategy) + "' but the CLI gave --strategy=" + *cli);
   }
   if (auto cli = variable("LT_PRECISION")) {

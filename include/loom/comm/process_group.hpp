@@ -10,6 +10,7 @@
 #include <ATen/core/ivalue.h>
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -66,6 +67,10 @@ class process_group {
   // Any IValue (numbers, strings, lists, dicts, tensors) from source to all,
   // through LibTorch's pickler.
   c10::IValue broadcast_object(const c10::IValue& value, int source = 0);
+
+  // Collectives this process has issued on the group since it formed
+  // (c10d's sequence number): what tests count.
+  std::uint64_t collectives_issued() const;
 
   // A sub-group of `ranks` (global ranks of this group). Every rank of this
   // group must call it, in the same order; non-members get an invalid group.

@@ -38,12 +38,13 @@ struct basic_parallel : strategy_base {
   void launch() { runtime_->launch(); }
   bool is_forked_child() const noexcept { return runtime_ && runtime_->is_forked_child(); }
 
-  void setup_module(torch::nn::Module& module) {
+  module_state setup_module(torch::nn::Module& module, bool move_to_device = true) {
     (void)group();  // processes must exist before their modules do anything collective
-    module.to(device_);
+    if (move_to_device) module.to(device_);
+    return {};
   }
 
-  no_context no_backward_sync(torch::nn::Module& /*module*/, bool /*enabled*/ = true) { return {}; }
+  no_context no_backward_sync(module_state& /*state*/, bool /*enabled*/ = true) { return {}; }
 
   comm::process_group& group() { return runtime_->group(); }
   detail::distributed_runtime& runtime() { return *runtime_; }

@@ -13,7 +13,7 @@ struct single_device : strategy_base {
   // No gradients are synchronised, so there is nothing to skip: the guard is empty.
   static constexpr bool supports_no_backward_sync = true;
 
-  no_context no_backward_sync(torch::nn::Module& /*module*/, bool /*enabled*/ = true) { return {}; }
+  no_context no_backward_sync(module_state& /*state*/, bool /*enabled*/ = true) { return {}; }
 };
 
 static_assert(Strategy<single_device>);

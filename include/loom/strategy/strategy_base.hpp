@@ -42,14 +42,25 @@ struct strategy_base {
   constexpr int node_rank() const noexcept { return 0; }
   constexpr bool is_global_zero() const noexcept { return true; }
 
-  void setup_module(torch::nn::Module& module) { module.to(device_); }
+  // What a strategy keeps per set-up module (DDP: its gradient reducer); the
+  // wrapped module holds it and hands it back to forward and no_backward_sync.
+  struct no_module_state {};
+  using module_state = no_module_state;
+
+  module_state setup_module(torch::nn::Module& module, bool move_to_device = true) {
+    if (move_to_device) module.to(device_);
+    return {};
+  }
 
   // Runs the module's forward. Distributed strategies prepare gradient
   // synchronisation here; one process has nothing to do.
-  template <class Forward>
-  decltype(auto) forward(torch::nn::Module& /*module*/, Forward&& run) {
+  template <class State, class Forward>
+  decltype(auto) forward(State& /*state*/, torch::nn::Module& /*module*/, Forward&& run) {
     return std::forward<Forward>(run)();
   }
+
+  // LibTorch's own zero_grad; DDP with gradient_as_bucket_view zeroes in place.
+  void zero_grad(torch::optim::Optimizer& optimizer) { optimizer.zero_grad(); }
 
   template <class P>
   void optimizer_step(P& precision, torch::optim::Optimizer& optimizer, optimizer_slot slot) {

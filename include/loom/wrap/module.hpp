@@ -44,9 +44,10 @@ class fabric_module {
  public:
   using holder_type = Holder;
   using impl_type = module_impl_t<Holder>;
+  using state_type = typename Strategy::module_state;
 
-  fabric_module(Holder module, Strategy& strategy, Precision& precision)
-      : module_(std::move(module)), strategy_(&strategy), precision_(&precision) {}
+  fabric_module(Holder module, Strategy& strategy, Precision& precision, state_type state)
+      : module_(std::move(module)), strategy_(&strategy), precision_(&precision), state_(std::move(state)) {}
 
   template <class... Args>
   decltype(auto) operator()(Args&&... args) {
@@ -57,14 +58,15 @@ class fabric_module {
   decltype(auto) forward(Args&&... args) {
     impl_type& impl = *module_;
     if constexpr (!Precision::converts_io) {
-      return strategy_->forward(impl, [&]() -> decltype(auto) { return impl.forward(std::forward<Args>(args)...); });
+      return strategy_->forward(state_, impl,
+                                [&]() -> decltype(auto) { return impl.forward(std::forward<Args>(args)...); });
     } else {
       const Precision& precision = *precision_;
       auto to_input = [&precision](const at::Tensor& t) { return precision.convert_input(t); };
       auto output = [&] {
         auto context = precision.forward_context(Device);
         return strategy_->forward(
-            impl, [&] { return impl.forward(apply_to_collection(std::forward<Args>(args), to_input)...); });
+            state_, impl, [&] { return impl.forward(apply_to_collection(std::forward<Args>(args), to_input)...); });
       }();  // the context ends before outputs are converted, as in Lightning
       return apply_to_collection(std::move(output),
                                  [&precision](const at::Tensor& t) { return precision.convert_output(t); });
@@ -74,6 +76,8 @@ class fabric_module {
   impl_type* operator->() noexcept { return &*module_; }
   const impl_type* operator->() const noexcept { return &*module_; }
   impl_type& operator*() noexcept { return *module_; }
+  // The strategy's state for this module (DDP: its reducer).
+  state_type& strategy_state() noexcept { return state_; }
   // The holder the user passed in (shares the module, like every holder copy).
   Holder& module() noexcept { return module_; }
   const Holder& module() const noexcept { return module_; }
@@ -82,6 +86,7 @@ class fabric_module {
   Holder module_;
   Strategy* strategy_;
   Precision* precision_;
+  state_type state_;
 };
 
 template <class T>

@@ -22,8 +22,9 @@ class fabric_optimizer {
 
   void step() { strategy_->optimizer_step(*precision_, *optimizer_, slot_); }
 
-  // LibTorch's own zero_grad (1.13: zero in place; 2.x: set to none).
-  void zero_grad() { optimizer_->zero_grad(); }
+  // LibTorch's own zero_grad (1.13: zero in place; 2.x: set to none), unless
+  // the strategy needs otherwise (DDP's gradient bucket views).
+  void zero_grad() { strategy_->zero_grad(*optimizer_); }
   // The behaviour asked for, on every LibTorch version.
   void zero_grad(bool set_to_none) { compat::zero_grad(*optimizer_, set_to_none); }
 

@@ -1,0 +1,104 @@
+// Distributed data parallel (Lightning's "ddp"): the parallel strategy plus
+// bucketed, overlapped gradient all-reduce by c10d's Reducer, parameters and
+// buffers broadcast from rank 0, a compile-time no_backward_sync, and the
+// distributed sampler. PyTorch's DDP exists only in Python; this is it in C++.
+#pragma once
+
+#include <loom/compat.hpp>
+#include <loom/strategy/ddp_engine.hpp>
+#include <loom/strategy/parallel.hpp>
+
+#include <memory>
+#include <string_view>
+#include <vector>
+
+namespace loom {
+
+// The guard of fabric.no_backward_sync under DDP: backward passes inside it
+// accumulate gradients locally; the next synced one reduces the sum.
+class ddp_no_sync_guard {
+ public:
+  ddp_no_sync_guard(detail::ddp_engine& engine, bool enabled)
+      : engine_(&engine), previous_(engine.sync_enabled()) {
+    if (enabled) engine.set_sync_enabled(false);
+  }
+  ddp_no_sync_guard(const ddp_no_sync_guard&) = delete;
+  ddp_no_sync_guard& operator=(const ddp_no_sync_guard&) = delete;
+  ~ddp_no_sync_guard() { engine_->set_sync_enabled(previous_); }
+
+ private:
+  detail::ddp_engine* engine_;
+  bool previous_;
+};
+
+template <launcher_kind Launcher = launcher_kind::subprocess>
+struct basic_ddp : basic_parallel<Launcher> {
+  using base = basic_parallel<Launcher>;
+  static constexpr std::string_view name = Launcher == launcher_kind::fork ? "ddp_fork" : "ddp";
+  static constexpr bool supports_no_backward_sync = true;
+
+  // The reducer of each set-up module.
+  using module_state = std::shared_ptr<detail::ddp_engine>;
+
+  basic_ddp() : base(parallel_options{}) {}
+  explicit basic_ddp(ddp_options options)
+      : base(parallel_options{.timeout = options.timeout, .backend = options.process_group_backend}),
+        options_(options) {}
+
+  module_state setup_module(torch::nn::Module& module, bool move_to_device = true) {
+    comm::process_group& world = this->group();
+    if (move_to_device) module.to(this->device_);
+    return std::make_shared<detail::ddp_engine>(module, world, options_);
+  }
+
+  template <class Forward>
+  auto forward(module_state& engine, torch::nn::Module& /*module*/, Forward&& run) {
+    engine->before_forward();
+    auto output = std::forward<Forward>(run)();
+    std::vector<at::Tensor>& tensors = scratch_;
+    tensors.clear();
+    if (engine->options().find_unused_parameters) {
+      apply_to_collection(output, [&tensors](const at::Tensor& t) {
+        tensors.push_back(t);
+        return 0;
+      });
+    }
+    engine->after_forward(tensors);
+    if (engine->needs_static_graph_sink()) {
+      bool done = false;
+      return apply_to_collection(std::move(output), [&](const at::Tensor& t) {
+        if (done || !t.requires_grad()) return t;
+        done = true;
+        return engine->static_graph_sink(t);
+      });
+    }
+    return output;
+  }
+
+  ddp_no_sync_guard no_backward_sync(module_state& engine, bool enabled = true) {
+    return ddp_no_sync_guard(*engine, enabled);
+  }
+
+  // With gradient_as_bucket_view, gradients are views into the buckets:
+  // LibTorch 1.13's zero_grad would detach them (and abort); zero in place.
+  void zero_grad(torch::optim::Optimizer& optimizer) {
+    if (options_.gradient_as_bucket_view) compat::zero_grad(optimizer, /*set_to_none=*/false);
+    else optimizer.zero_grad();
+  }
+
+  const ddp_options& options() const noexcept { return options_; }
+
+ private:
+  ddp_options options_;
+  std::vector<at::Tensor> scratch_;  // outputs handed to the reducer, reused every step
+};
+
+using ddp = basic_ddp<launcher_kind::subprocess>;
+using ddp_fork = basic_ddp<launcher_kind::fork>;
+
+// Lightning's preset "ddp_find_unused_parameters_true".
+inline ddp ddp_find_unused_parameters_true() { return ddp(ddp_options{.find_unused_parameters = true}); }
+
+static_assert(Strategy<ddp>);
+
+}  // namespace loom

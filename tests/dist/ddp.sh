@@ -1,0 +1,35 @@
+#!/bin/sh
+# DDP on real processes: the laws (bit-identical ranks, equivalence with one
+# process, accumulation under no_backward_sync with one all-reduce per bucket,
+# unused parameters, checkpoints to and from single_device), started by
+# fabric.launch() and by loom-run; then kill -9 of a rank mid-training ends
+# the whole job within 5 s, naming the rank.
+. "$(dirname "$0")/common.sh"
+DDP_WORKER=$(realpath "$3")
+export LOOM_TEST_DIR="$WORK"
+
+timeout 120 "$DDP_WORKER" laws 2 "$MARK" > "$WORK/laws" 2>&1 || { fail "laws (launch) exited $?"; cat "$WORK/laws"; }
+expect_contains "$WORK/laws" "ddp laws: world_size=2 all checks passed" "DDP laws, ranks started by fabric.launch()"
+sed -n 's/^law/  law/p' "$WORK/laws"
+timeout 120 "$LOOM_RUN" --strategy ddp --devices 2 "$DDP_WORKER" laws 2 "$MARK" > "$WORK/laws_cli" 2>&1 ||
+  { fail "laws (loom-run) exited $?"; cat "$WORK/laws_cli"; }
+expect_contains "$WORK/laws_cli" "ddp laws: world_size=2 all checks passed" "DDP laws under loom-run --strategy ddp"
+
+"$LOOM_RUN" --strategy ddp --devices 2 "$DDP_WORKER" train_forever 2 "$MARK" > "$WORK/train" 2>&1 &
+launcher=$!
+for i in $(seq 1 100); do
+  [ "$(grep -c training "$WORK/train")" -eq 2 ] && break
+  sleep 0.1
+done
+victim=$(sed -n 's/^rank 1 pid \([0-9]*\) training/\1/p' "$WORK/train")
+sleep 1
+start=$(date +%s%N)
+kill -9 "$victim"
+wait $launcher
+status=$?
+took=$(elapsed_ms "$start")
+[ $status -ne 0 ] && pass "the DDP job ended non-zero ($status) after kill -9 of rank 1" || fail "exit status $status"
+[ "$took" -lt 5000 ] && pass "within 5 s ($took ms)" || fail "it took $took ms"
+expect_contains "$WORK/train" "local rank 1 (pid $victim) was killed by signal 9" "the killed rank is named"
+expect_no_leftovers "ddp"
+exit $failed

@@ -1,0 +1,303 @@
+// DDP's laws on real processes, each rank fed different data. Started by
+// fabric.launch() (`ddp_worker laws 2`) or by loom-run; exit status 0 when
+// every check passed on this rank.
+#include <loom/loom.hpp>
+
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+namespace {
+
+int failures = 0;
+int rank_for_messages = -1;
+#define EXPECT(condition, ...)                                                               \
+  do {                                                                                       \
+    if (!(condition)) {                                                                      \
+      ++failures;                                                                            \
+      std::fprintf(stderr, "rank %d: check failed (%s:%d): ", rank_for_messages, __FILE__, __LINE__); \
+      std::fprintf(stderr, __VA_ARGS__);                                                     \
+      std::fprintf(stderr, "\n");                                                            \
+    }                                                                                        \
+  } while (0)
+
+struct NetImpl : torch::nn::Module {
+  // with_branch adds a second head; a forward uses one head or the other, so
+  // the unused one gets no gradient (the unused-parameter case).
+  explicit NetImpl(bool with_branch = false)
+      : fc1(register_module("fc1", torch::nn::Linear(16, 32))),
+        fc2(register_module("fc2", torch::nn::Linear(32, 32))),
+        fc3(register_module("fc3", torch::nn::Linear(32, 4))) {
+    if (with_branch) skipped = register_module("skipped", torch::nn::Linear(32, 4));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    auto h = torch::relu(fc2->forward(torch::relu(fc1->forward(x))));
+    return use_branch ? skipped->forward(h) : fc3->forward(h);
+  }
+  torch::nn::Linear fc1, fc2, fc3, skipped{nullptr};
+  bool use_branch = false;
+};
+TORCH_MODULE(Net);
+
+using ddp_fabric = loom::Fabric<loom::cpu, loom::ddp, loom::fp32>;
+
+constexpr int64_t global_batch = 32;
+
+// The same data everywhere: rank r takes rows [r * B/W, (r + 1) * B/W) of each global batch.
+at::Tensor global_inputs(int step) {
+  auto generator = at::detail::createCPUGenerator(1000 + step);
+  return at::randn({global_batch, 16}, generator);
+}
+at::Tensor global_targets(int step) {
+  auto generator = at::detail::createCPUGenerator(2000 + step);
+  return at::randint(0, 4, {global_batch}, generator);
+}
+
+at::Tensor flat_parameters(const Net& net) {
+  std::vector<at::Tensor> parts;
+  for (const auto& p : net->parameters()) parts.push_back(p.detach().reshape({-1}));
+  return at::cat(parts);
+}
+
+Net make_net(bool with_branch = false) {
+  at::manual_seed(42);  // ranks that differ here are made equal by DDP's broadcast
+  return Net(with_branch);
+}
+
+// (a) and (b): bit-identical parameters on all ranks after every step; 20
+// steps of DDP with B/W rows per rank equal 20 steps of one process with B.
+void law_equivalence(ddp_fabric& fabric) {
+  const int r = fabric.global_rank();
+  const int w = fabric.world_size();
+  at::manual_seed(100 + r);  // a different init on every rank: DDP must broadcast rank 0's
+  Net net;
+  auto reference = make_net();
+  // Rank 0's initial weights are what make_net() gives everywhere.
+  if (r == 0) {
+    at::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < net->parameters().size(); ++i) net->parameters()[i].copy_(reference->parameters()[i]);
+  }
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD reference_sgd(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  auto [model, optimizer] = fabric.setup(net, sgd);
+  EXPECT(torch::equal(flat_parameters(net), flat_parameters(reference)), "setup broadcast rank 0's parameters");
+
+  const int64_t local = global_batch / w;
+  for (int step = 0; step < 20; ++step) {
+    const auto x = global_inputs(step);
+    const auto y = global_targets(step);
+    optimizer.zero_grad();
+    auto loss = torch::nn::functional::cross_entropy(model(x.narrow(0, r * local, local)), y.narrow(0, r * local, local));
+    fabric.backward(loss);
+    optimizer.step();
+
+    reference_sgd.zero_grad();
+    torch::nn::functional::cross_entropy(reference->forward(x), y).backward();
+    reference_sgd.step();
+
+    const auto everyone = fabric.all_gather_stacked(flat_parameters(net));
+    for (int k = 1; k < w; ++k) EXPECT(torch::equal(everyone[0], everyone[k]), "step %d: rank %d's parameters differ", step, k);
+  }
+  // The mean of per-rank mean losses is the mean loss of the global batch, so
+  // the averaged gradient is the same; only the order of float additions
+  // differs (each rank sums its half, then the halves are added). fp32 has a
+  // 6e-8 relative rounding step; 20 momentum steps amplify it to ~1e-6.
+  const auto ddp = flat_parameters(net);
+  const auto single = flat_parameters(reference);
+  const double max_difference = (ddp - single).abs().max().item<double>();
+  EXPECT(torch::allclose(ddp, single, /*rtol=*/1e-4, /*atol=*/1e-5),
+         "DDP on %d ranks with batch %ld each differs from one process with batch %ld by %.3g", w, local,
+         global_batch, max_difference);
+  if (r == 0) std::printf("law (b): max |ddp - single| after 20 steps = %.3g (atol 1e-5, rtol 1e-4)\n", max_difference);
+}
+
+// (c): under no_backward_sync, 4 micro-batches make one all-reduce per bucket
+// per optimizer step, and the result equals accumulating the full batch.
+void law_accumulation(ddp_fabric& /*unused*/) {
+  // Small buckets, so that the model spreads over several of them.
+  ddp_fabric fabric({}, loom::ddp(loom::ddp_options{.bucket_cap_mb = 4.0 / 1024, .first_bucket_mb = 1.0 / 1024}));
+  const int r = fabric.global_rank();
+  const int w = fabric.world_size();
+  auto net = make_net();
+  auto reference = make_net();
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  torch::optim::SGD reference_sgd(reference->parameters(), 0.1);
+  auto [model, optimizer] = fabric.setup(net, sgd);
+  auto& engine = *model.strategy_state();
+
+  constexpr int accumulation = 4;
+  const int64_t micro = global_batch / w / accumulation;  // rows per rank per micro-batch
+  std::uint64_t reduces_per_step = 0;
+  for (int step = 0; step < 4; ++step) {
+    const auto x = global_inputs(50 + step);
+    const auto y = global_targets(50 + step);
+    optimizer.zero_grad();
+    const auto before = engine.collectives_issued();
+    for (int m = 0; m < accumulation; ++m) {
+      const int64_t first = (r * accumulation + m) * micro;
+      auto run = [&] {
+        auto loss = torch::nn::functional::cross_entropy(model(x.narrow(0, first, micro)), y.narrow(0, first, micro));
+        fabric.backward(loss / accumulation);
+      };
+      if (m + 1 < accumulation) {
+        auto guard = fabric.no_backward_sync(model);
+        run();
+      } else {
+        run();
+      }
+    }
+    optimizer.step();
+    const auto issued = engine.collectives_issued() - before;
+    // The first synced backward teaches the reducer the order gradients come
+    // in; the next step's forward broadcasts that bucket order (once). From
+    // then on only gradient all-reduces run on the engine's group.
+    if (step >= 2) {
+      EXPECT(issued == engine.bucket_count(), "step %d: %llu collectives for %zu buckets", step,
+             static_cast<unsigned long long>(issued), engine.bucket_count());
+      reduces_per_step = issued;
+    }
+    EXPECT(engine.bucket_count() > 1, "the small bucket cap makes several buckets (%zu)", engine.bucket_count());
+
+    reference_sgd.zero_grad();
+    torch::nn::functional::cross_entropy(reference->forward(x), y).backward();
+    reference_sgd.step();
+  }
+  const double max_difference = (flat_parameters(net) - flat_parameters(reference)).abs().max().item<double>();
+  EXPECT(torch::allclose(flat_parameters(net), flat_parameters(reference), 1e-4, 1e-5),
+         "accumulated DDP differs from the full batch by %.3g", max_difference);
+  if (r == 0) {
+    std::printf("law (c): %llu gradient all-reduce(s) per optimizer step for %zu bucket(s) over %d micro-batches; "
+                "max |accumulated - full batch| = %.3g\n",
+                static_cast<unsigned long long>(reduces_per_step), engine.bucket_count(), accumulation, max_difference);
+  }
+  std::fflush(stdout);
+}
+
+// (d): a forward that leaves parameters unused.
+void law_unused(ddp_fabric& fabric) {
+  const int r = fabric.global_rank();
+  {
+    loom::Fabric<loom::cpu, loom::ddp> finding({}, loom::ddp_find_unused_parameters_true());
+    auto net = make_net(/*with_branch=*/true);
+    torch::optim::SGD sgd(net->parameters(), 0.1);
+    auto [model, optimizer] = finding.setup(net, sgd);
+    for (int step = 0; step < 4; ++step) {
+      net->use_branch = step % 2 == 1;  // alternately skip fc3 and `skipped`
+      optimizer.zero_grad();
+      finding.backward(model(global_inputs(step).narrow(0, r * 4, 4)).sum());
+      optimizer.step();
+    }
+    const auto everyone = finding.all_gather_stacked(flat_parameters(net));
+    EXPECT(torch::equal(everyone[0], everyone[everyone.size(0) - 1]), "find_unused_parameters: ranks diverged");
+  }
+  {
+    auto net = make_net(/*with_branch=*/true);
+    torch::optim::SGD sgd(net->parameters(), 0.1);
+    auto [model, optimizer] = fabric.setup(net, sgd);
+    std::string message;
+    try {
+      for (int step = 0; step < 3; ++step) {
+        optimizer.zero_grad();
+        fabric.backward(model(global_inputs(step).narrow(0, r * 4, 4)).sum());  // `skipped` never used
+        optimizer.step();
+      }
+    } catch (const loom::configuration_error& error) {
+      message = error.what();
+    } catch (const std::exception& error) {
+      message = std::string("another error: ") + error.what();
+    }
+    EXPECT(message.find("find_unused_parameters = true") != std::string::npos,
+           "without find_unused_parameters the error says to enable it; got: %s", message.c_str());
+  }
+}
+
+// A checkpoint written under DDP loads into single_device and back.
+void law_checkpoint(ddp_fabric& fabric) {
+  const int r = fabric.global_rank();
+  const char* dir = std::getenv("LOOM_TEST_DIR");
+  const std::string path = std::string(dir ? dir : "/tmp") + "/ddp.ckpt";
+  auto net = make_net();
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  auto [model, optimizer] = fabric.setup(net, sgd);
+  for (int step = 0; step < 3; ++step) {
+    optimizer.zero_grad();
+    fabric.backward(model(global_inputs(step).narrow(0, r * 4, 4)).pow(2).mean());
+    optimizer.step();
+  }
+  fabric.save(path, {{"model", model}, {"step", 3}});
+  const auto trained = flat_parameters(net);
+  if (r == 0) {
+    // Another program, in effect: one that loom-run did not start.
+    const char* cli = std::getenv("LT_CLI_USED");
+    const std::string saved = cli ? cli : "";
+    ::unsetenv("LT_CLI_USED");
+    loom::Fabric<loom::cpu, loom::single_device> single;
+    if (!saved.empty()) ::setenv("LT_CLI_USED", saved.c_str(), 1);
+    at::manual_seed(7);
+    Net fresh;
+    auto fresh_model = single.setup(fresh);
+    single.load(path, {{"model", fresh_model}});
+    EXPECT(torch::equal(flat_parameters(fresh), trained), "a DDP checkpoint loads into single_device");
+    {
+      at::NoGradGuard no_grad;
+      fresh->fc1->weight.add_(1.0);
+    }
+    single.save(path + ".single", {{"model", fresh_model}});
+  }
+  fabric.barrier();
+  fabric.load(path + ".single", {{"model", model}});
+  EXPECT(torch::allclose(net->fc1->weight, trained.narrow(0, 0, 32 * 16).reshape({32, 16}) + 1.0),
+         "a single_device checkpoint loads back into DDP");
+}
+
+// Trains until killed (the kill test watches how fast the job ends).
+void train_forever(ddp_fabric& fabric) {
+  auto net = make_net();
+  torch::optim::SGD sgd(net->parameters(), 0.01);
+  auto [model, optimizer] = fabric.setup(net, sgd);
+  std::printf("rank %d pid %d training\n", fabric.global_rank(), static_cast<int>(::getpid()));
+  std::fflush(stdout);
+  for (int step = 0;; ++step) {
+    optimizer.zero_grad();
+    fabric.backward(model(global_inputs(step % 10)).pow(2).mean());
+    optimizer.step();
+    if (step == 100 && fabric.global_rank() == 1 && std::getenv("LOOM_TEST_SELF_KILL")) ::raise(SIGKILL);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string scenario = argc > 1 ? argv[1] : "laws";
+  const int devices = argc > 2 ? std::atoi(argv[2]) : 2;
+  try {
+    loom::Fabric<loom::cpu, loom::ddp> fabric({.devices = loom::devices_spec(devices)});
+    fabric.launch();
+    rank_for_messages = fabric.global_rank();
+    if (scenario == "laws") {
+      law_equivalence(fabric);
+      law_accumulation(fabric);
+      law_unused(fabric);
+      law_checkpoint(fabric);
+    } else if (scenario == "train_forever") {
+      train_forever(fabric);
+    } else {
+      std::fprintf(stderr, "ddp_worker: unknown scenario %s\n", scenario.c_str());
+      return 2;
+    }
+    const bool everyone = fabric.reduce_boolean_decision(failures == 0, /*all=*/true);
+    if (fabric.is_global_zero()) std::printf("ddp laws: world_size=%d %s\n", fabric.world_size(), everyone ? "all checks passed" : "FAILED");
+    return failures == 0 ? 0 : 1;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "ddp_worker rank %d: %s\n", rank_for_messages, error.what());
+    return 1;
+  }
+}
