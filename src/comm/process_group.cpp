@@ -113,13 +113,7 @@ void guarded(process_group_state& state, const char* operation, Body&& body) {
   } catch (const peer_error&) {
     throw;
   } catch (const std::exception& error) {
-    std::string message = diagnose(state, operation, error_text(error));
-    {
-      std::lock_guard<std::mutex> lock(state.broken_mutex);
-      if (state.broken.empty()) state.broken = message;
-      state.is_broken.store(true, std::memory_order_release);
-    }
-    throw peer_error(message);
+    throw failed(state, operation, error);
   }
 }
 
@@ -222,6 +216,14 @@ std::shared_ptr<process_group_state> build(c10::intrusive_ptr<c10d::Store> root,
 }
 
 }  // namespace
+
+peer_error failed(process_group_state& state, const char* operation, const std::exception& error) {
+  std::string message = diagnose(state, operation, error_text(error));
+  std::lock_guard<std::mutex> lock(state.broken_mutex);
+  if (state.broken.empty()) state.broken = message;
+  state.is_broken.store(true, std::memory_order_release);
+  return peer_error(message);
+}
 
 c10::intrusive_ptr<c10d::ProcessGroup> native_group(process_group_state& state) {
   if (!state.native) {

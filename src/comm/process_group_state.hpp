@@ -4,6 +4,7 @@
 
 #include <loom/comm/process_group.hpp>
 #include <loom/compat_c10d.hpp>
+#include <loom/errors.hpp>
 
 #include <atomic>
 #include <mutex>
@@ -39,6 +40,10 @@ struct process_group_state {
   rendezvous where;
   std::uint64_t first_sequence_number = 0;
 };
+
+// Marks the group unusable after a failed operation and returns the error
+// that names the rank that went away (what every loom collective throws).
+peer_error failed(process_group_state& state, const char* operation, const std::exception& error);
 
 // The c10d ProcessGroup over this group's backend (what c10d::Reducer takes).
 c10::intrusive_ptr<c10d::ProcessGroup> native_group(process_group_state& state);

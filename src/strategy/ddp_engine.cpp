@@ -3,6 +3,7 @@
 // calls before and after forward, the same first-iteration handling of a
 // static graph.
 #include "../comm/process_group_state.hpp"
+#include "pairwise_exchange_hook.hpp"
 
 #include <loom/errors.hpp>
 #include <loom/strategy/ddp_engine.hpp>
@@ -58,6 +59,10 @@ struct ddp_engine::impl {
   // looks for unused parameters), so one must exist, as in Python's DDP.
   std::shared_ptr<c10d::Logger> logger;
   bool sync = true;
+  // Buckets reduced by loom's own exchange (two ranks on Gloo); otherwise
+  // the reducer's all-reduces are counted by the group's sequence number.
+  std::atomic<std::uint64_t> exchanges{0};
+  bool uses_exchange = false;
   bool forward_param_sync = true;  // Python's require_forward_param_sync
   std::int64_t iterations = 0;
 };
@@ -107,6 +112,10 @@ ddp_engine::ddp_engine(torch::nn::Module& module, comm::process_group& world, co
                                                  self.native, sparse, static_cast<int64_t>(bucket_cap),
                                                  options.find_unused_parameters, options.gradient_as_bucket_view,
                                                  std::move(names), static_cast<int64_t>(first_bucket));
+  if (self.group.size() == 2 && options.process_group_backend == comm::backend::gloo && options.pairwise_exchange) {
+    self.reducer->register_comm_hook(std::make_unique<pairwise_exchange_hook>(self.group.state(), &self.exchanges));
+    self.uses_exchange = true;
+  }
   self.logger = std::make_shared<c10d::Logger>(self.reducer);
   self.reducer->set_logger(self.logger);
   if (options.static_graph) self.reducer->set_static_graph();
@@ -162,7 +171,9 @@ const ddp_options& ddp_engine::options() const noexcept { return impl_->options;
 
 std::size_t ddp_engine::bucket_count() const { return impl_->reducer->get_grad_buckets(/*return_zero_tensors=*/true).size(); }
 
-std::uint64_t ddp_engine::collectives_issued() const { return impl_->group.collectives_issued(); }
+std::uint64_t ddp_engine::collectives_issued() const {
+  return impl_->group.collectives_issued() + impl_->exchanges.load(std::memory_order_relaxed);
+}
 
 bool ddp_engine::needs_static_graph_sink() const noexcept {
   const auto& self = *impl_;

@@ -219,6 +219,38 @@ void law_unused(ddp_fabric& fabric) {
   }
 }
 
+// The other options give the same training: gradients as bucket views
+// (zeroed in place), a static graph (first step's all-reduce delayed to the
+// end of backward), buffers broadcast, and Gloo's ring instead of loom's
+// two-rank exchange.
+void law_options(ddp_fabric& /*unused*/) {
+  auto train = [](loom::ddp_options options) {
+    ddp_fabric fabric({}, loom::ddp(options));
+    auto net = make_net();
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    auto [model, optimizer] = fabric.setup(net, sgd);
+    const int r = fabric.global_rank();
+    const int64_t local = global_batch / fabric.world_size();
+    for (int step = 0; step < 6; ++step) {
+      optimizer.zero_grad();
+      auto loss = torch::nn::functional::cross_entropy(model(global_inputs(step).narrow(0, r * local, local)),
+                                                       global_targets(step).narrow(0, r * local, local));
+      fabric.backward(loss);
+      optimizer.step();
+    }
+    const auto everyone = fabric.all_gather_stacked(flat_parameters(net));
+    EXPECT(torch::equal(everyone[0], everyone[everyone.size(0) - 1]), "ranks diverged");
+    return flat_parameters(net);
+  };
+  const auto reference = train({});
+  const auto views = train({.gradient_as_bucket_view = true});
+  const auto static_graph = train({.static_graph = true});
+  const auto ring = train({.pairwise_exchange = false});
+  EXPECT(torch::allclose(views, reference, 1e-5, 1e-6), "gradient_as_bucket_view changes training");
+  EXPECT(torch::allclose(static_graph, reference, 1e-5, 1e-6), "static_graph changes training");
+  EXPECT(torch::allclose(ring, reference, 1e-5, 1e-6), "the ring all-reduce and the exchange disagree");
+}
+
 // A checkpoint written under DDP loads into single_device and back.
 void law_checkpoint(ddp_fabric& fabric) {
   const int r = fabric.global_rank();
@@ -286,6 +318,7 @@ int main(int argc, char** argv) {
       law_equivalence(fabric);
       law_accumulation(fabric);
       law_unused(fabric);
+      law_options(fabric);
       law_checkpoint(fabric);
     } else if (scenario == "train_forever") {
       train_forever(fabric);

@@ -33,6 +33,9 @@ struct ddp_options {
   // The set of used parameters and the graph are the same every step.
   bool static_graph = false;
   comm::backend process_group_backend = comm::backend::gloo;
+  // Two ranks on Gloo: reduce each bucket by swapping it with the peer
+  // (c10d send/recv, one round) instead of Gloo's ring all-reduce (two).
+  bool pairwise_exchange = true;
   std::chrono::milliseconds timeout = std::chrono::minutes(30);
 };
 
@@ -63,8 +66,9 @@ class ddp_engine {
   void set_sync_enabled(bool enabled) noexcept;
 
   std::size_t bucket_count() const;
-  // Collectives issued on the engine's group since it formed: its bucket
-  // all-reduces (and, once, the broadcast of the rebuilt bucket order).
+  // Gradient reductions and other collectives issued on the engine's group
+  // since it formed: one per bucket per synced backward (and, once, the
+  // broadcast of the rebuilt bucket order).
   std::uint64_t collectives_issued() const;
   const ddp_options& options() const noexcept;
 
