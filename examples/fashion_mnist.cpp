@@ -71,7 +71,8 @@ double run(Fabric& fabric, const options& opts) {
   auto train_set = loom::data::fashion_mnist(opts.data, loom::data::split::train);
   auto test_set = loom::data::fashion_mnist(opts.data, loom::data::split::test);
   fabric.print("fashion-mnist:", train_set.size().value(), "training and", test_set.size().value(),
-               "test images from", opts.data);
+               "test images from", opts.data, "| strategy", std::string(Fabric::strategy_type::name), "on",
+               fabric.world_size(), "process(es), precision", std::string(Fabric::precision_type::name));
 
   Classifier net = [&] {
     auto init = fabric.init_module();
@@ -122,11 +123,30 @@ double run(Fabric& fabric, const options& opts) {
   return test_accuracy;
 }
 
+std::string environment_or(const char* name, const std::string& fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' ? value : fallback;
+}
+
+template <class Strategy, class Precision>
+int train_with(const options& opts) {
+  std::vector<loom::logger> loggers;
+  if (!opts.log_dir.empty()) loggers.emplace_back(loom::csv_logger(opts.log_dir, {.name = "fashion_mnist"}));
+  loom::Fabric<loom::cpu, Strategy, Precision> fabric({.loggers = std::move(loggers)});
+  fabric.launch();
+  const double test_accuracy = run(fabric, opts);  // reduced over every rank
+  std::cout << std::flush;
+  fabric.barrier();  // the other ranks are done printing
+  if (fabric.is_global_zero()) std::printf("test_accuracy=%.4f\n", test_accuracy);
+  std::fflush(stdout);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   options opts;
-  CLI::App app("Fashion-MNIST with loom::Fabric<cpu, single_device, fp32>");
+  CLI::App app("Fashion-MNIST with loom::Fabric (strategy and precision from loom-run's flags)");
   app.add_option("--data", opts.data, "directory with the Fashion-MNIST IDX files (.gz or plain)");
   app.add_option("--epochs", opts.epochs, "passes over the training set")->check(CLI::PositiveNumber);
   app.add_option("--batch-size,--batch_size", opts.batch_size, "batch size")->check(CLI::PositiveNumber);
@@ -139,14 +159,22 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    std::vector<loom::logger> loggers;
-    if (!opts.log_dir.empty()) loggers.emplace_back(loom::csv_logger(opts.log_dir, {.name = "fashion_mnist"}));
-    loom::Fabric<loom::cpu, loom::single_device, loom::fp32> fabric({.devices = 1, .loggers = std::move(loggers)});
-    const double test_accuracy = run(fabric, opts);
-    std::cout << std::flush;
-    if (fabric.is_global_zero()) std::printf("test_accuracy=%.4f\n", test_accuracy);
-    std::fflush(stdout);
-    return 0;
+    // Under loom-run the strategy and precision come from its flags (LT_*),
+    // as a Lightning script's do under `fabric run`. Until loom's string
+    // registry exists, a static switch over the combinations built here.
+    const std::string strategy = environment_or("LT_STRATEGY", std::getenv("WORLD_SIZE") != nullptr &&
+                                                                      std::string(std::getenv("WORLD_SIZE")) != "1"
+                                                                  ? "ddp"
+                                                                  : "single_device");
+    const std::string precision =
+        loom::runtime::canonical_precision(environment_or("LT_PRECISION", "32-true")).value_or("?");
+    if (strategy == "single_device" && precision == "32-true") return train_with<loom::single_device, loom::fp32>(opts);
+    if (strategy == "single_device" && precision == "bf16-mixed") return train_with<loom::single_device, loom::bf16_mixed>(opts);
+    if (strategy == "ddp" && precision == "32-true") return train_with<loom::ddp, loom::fp32>(opts);
+    if (strategy == "ddp" && precision == "bf16-mixed") return train_with<loom::ddp, loom::bf16_mixed>(opts);
+    throw loom::configuration_error("this example is built for --strategy single_device|ddp and --precision "
+                                    "32-true|bf16-mixed; got strategy '" + strategy + "', precision '" +
+                                    environment_or("LT_PRECISION", "") + "'");
   } catch (const std::exception& error) {
     std::cerr << "fashion_mnist: " << error.what() << '\n';
     return 1;

@@ -1,16 +1,19 @@
 #!/bin/sh
-# check_example.sh EXAMPLE
-# Runs the Fashion-MNIST example at its defaults: the last line of stdout and
-# stderr together must be test_accuracy=0.XXXX with a value >= 0.85. Then with
-# a data directory that does not exist: it must fail and name the file and the
-# Debian package.
+# check_example.sh EXAMPLE [LOOM_RUN]
+# Runs the Fashion-MNIST example at its defaults (with LOOM_RUN: under
+# `loom-run --accelerator cpu --strategy ddp --devices 2`): the last line of
+# stdout and stderr together must be test_accuracy=0.XXXX, printed once, with
+# a value >= 0.85. Then with a data directory that does not exist: it must
+# fail and name the file and the Debian package.
 set -u
 example=$(realpath "$1")
+launcher=""
+if [ $# -ge 2 ]; then launcher="$(realpath "$2") --accelerator cpu --strategy ddp --devices 2"; fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work" || exit 1
 
-"$example" > out.txt 2>&1
+$launcher "$example" > out.txt 2>&1
 status=$?
 last=$(tail -n 1 out.txt)
 echo "exit status $status, last line: $last"
@@ -19,11 +22,12 @@ case "$last" in
   test_accuracy=0.[0-9][0-9][0-9][0-9]) ;;
   *) echo "the last line is not test_accuracy=0.XXXX"; exit 1 ;;
 esac
+[ "$(grep -c '^test_accuracy=' out.txt)" -eq 1 ] || { echo "test_accuracy is printed more than once"; exit 1; }
 value=${last#test_accuracy=}
 awk -v v="$value" 'BEGIN { exit !(v >= 0.85) }' || { echo "test accuracy $value is below 0.85"; exit 1; }
 [ -f logs/fashion_mnist/version_0/metrics.csv ] || { echo "no metrics.csv written"; exit 1; }
 
-"$example" --data "$work/missing" > missing.txt 2>&1 && { echo "missing data did not fail"; exit 1; }
+$launcher "$example" --data "$work/missing" > missing.txt 2>&1 && { echo "missing data did not fail"; exit 1; }
 grep -q "missing/train-images-idx3-ubyte.gz" missing.txt && grep -q "dataset-fashion-mnist" missing.txt || {
   echo "the missing-data error does not name the file and the package:"; cat missing.txt; exit 1; }
 echo "ok"
