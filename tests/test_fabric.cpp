@@ -301,3 +301,43 @@ TEST_CASE("to_device moves tensors inside containers; rank_zero_first and barrie
   fabric.launch([&](auto& f) { ran = f.world_size(); });
   CHECK(ran == 1);
 }
+
+namespace {
+// A per-example dataset whose examples carry a random draw (augmentation).
+struct noisy : torch::data::datasets::Dataset<noisy> {
+  torch::data::Example<> get(size_t index) override {
+    return {at::rand({1}, loom::data::worker_generator()), at::full({}, static_cast<int64_t>(index))};
+  }
+  c10::optional<size_t> size() const override { return 8; }
+};
+
+std::vector<float> draws(loom::data::seeded_dataset<noisy> dataset) {
+  auto batch = dataset.get_batch(std::vector<size_t>{0, 1, 2});
+  std::vector<float> out;
+  for (const auto& example : batch) out.push_back(example.data.item<float>());
+  return out;
+}
+}  // namespace
+
+TEST_CASE("loader workers draw from generators of their own, per rank and worker", "[fabric][data]") {
+  CHECK(draws({noisy{}, 7, 0}) == draws({noisy{}, 7, 0}));  // reproducible for a (seed, rank)
+  CHECK(draws({noisy{}, 7, 0}) != draws({noisy{}, 7, 1}));  // another rank draws another stream
+  CHECK(draws({noisy{}, 7, 0}) != draws({noisy{}, 8, 0}));  // and another seed
+  // Two workers of one loader: copies of one dataset, numbered on first use.
+  loom::data::seeded_dataset<noisy> original(noisy{}, 7, 0);
+  auto first = original;
+  auto second = original;
+  const auto a = draws(first);                     // the copy inside draws() starts first: worker 0
+  (void)second.get_batch(std::vector<size_t>{0});  // the next copy to start: worker 1
+  CHECK(second.worker() == 1);
+  CHECK(a != draws(second));  // worker 1 continues its own stream, not worker 0's
+  CHECK(loom::data::worker_seed(7, 0, 0) != loom::data::worker_seed(7, 0, 1));
+  CHECK(loom::data::worker_seed(7, 0, 1) != loom::data::worker_seed(7, 1, 0));
+
+  // Through setup_dataloaders with 2 workers: the two workers' draws differ.
+  loom::Fabric<loom::cpu> fabric;
+  auto loader = fabric.setup_dataloaders(noisy{}, {.batch_size = 1, .workers = 2});
+  std::set<float> values;
+  for (auto& batch : loader) values.insert(batch.data.item<float>());
+  CHECK(values.size() == 8);
+}

@@ -11,6 +11,7 @@
 #include <loom/compatibility.hpp>
 #include <loom/concepts.hpp>
 #include <loom/data/distributed_sampler.hpp>
+#include <loom/data/worker_seed.hpp>
 #include <loom/devices.hpp>
 #include <loom/errors.hpp>
 #include <loom/loggers/logger.hpp>
@@ -442,8 +443,11 @@ class Fabric {
     const std::size_t samples = sampler.num_samples();
     const std::size_t batches =
         options.drop_last ? samples / options.batch_size : (samples + options.batch_size - 1) / options.batch_size;
-    using loader_t = torch::data::StatelessDataLoader<Dataset, data::distributed_sampler>;
-    auto loader = std::make_unique<loader_t>(std::move(dataset), std::move(sampler),
+    // Each worker of each rank draws from its own generator (data::worker_generator()).
+    using seeded_t = data::seeded_dataset<Dataset>;
+    using loader_t = torch::data::StatelessDataLoader<seeded_t, data::distributed_sampler>;
+    auto loader = std::make_unique<loader_t>(seeded_t(std::move(dataset), sampling.seed, sampling.rank),
+                                             std::move(sampler),
                                              torch::data::DataLoaderOptions()
                                                  .batch_size(options.batch_size)
                                                  .workers(options.workers)

@@ -17,6 +17,7 @@
 #include <loom/data/fashion_mnist.hpp>
 #include <loom/data/idx.hpp>
 #include <loom/data/tensor_dataset.hpp>
+#include <loom/data/worker_seed.hpp>
 #include <loom/devices.hpp>
 #include <loom/errors.hpp>
 #include <loom/fabric.hpp>

@@ -19,8 +19,10 @@ struct loader_options {
   std::size_t batch_size = 1;
   bool shuffle = false;
   bool drop_last = false;
-  // LibTorch's loader threads. They share the dataset and draw no random
-  // numbers of their own, so the batches do not depend on this count.
+  // LibTorch's loader threads, each with a copy of the dataset and a random
+  // generator of its own (data::worker_generator(), seeded per rank and
+  // worker). Batches go to whichever thread is free, so a dataset that draws
+  // random numbers is reproducible only with 0 workers.
   std::size_t workers = 0;
   // Seed of the shuffling order (seed + epoch, as torch's DistributedSampler).
   // Unset: PL_GLOBAL_SEED (set by seed_everything) when present, else 0, so
