@@ -1,11 +1,13 @@
 // One training step (forward, cross-entropy, backward, SGD step) of MLP
 // 784-256-256-10, batch 64, raw LibTorch vs through loom::Fabric, measured in
-// one run with random interleaving; the ratios of the medians are printed last.
+// one run with random interleaving, and the same step through make_fabric's
+// AnyFabric against the static Fabric; the ratios of the medians are printed last.
 //
 //   OMP_NUM_THREADS=1 build/bench/loom_bench --benchmark_repetitions=10
 #include "step_model.hpp"
 
 #include <benchmark/benchmark.h>
+#include <loom/any_fabric.hpp>
 #include <loom/loom.hpp>
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/sgd.h>
@@ -55,12 +57,11 @@ void BM_step_raw(benchmark::State& state) {
   }
 }
 
-// One step through Fabric with precision P: the loop every Fabric entry times.
-template <class Precision>
-void step_through_fabric(benchmark::State& state) {
+// One step through a fabric: the loop every Fabric entry times.
+template <class FabricType>
+void step_through(benchmark::State& state, FabricType& fabric) {
   at::manual_seed(0);
   step_data data;
-  loom::Fabric<loom::cpu, loom::single_device, Precision> fabric;
   Mlp net;
   torch::optim::SGD sgd(net->parameters(), 0.01);
   auto [model, optimizer] = fabric.setup(net, sgd);
@@ -72,7 +73,20 @@ void step_through_fabric(benchmark::State& state) {
   }
 }
 
+template <class Precision>
+void step_through_fabric(benchmark::State& state) {
+  loom::Fabric<loom::cpu, loom::single_device, Precision> fabric;
+  step_through(state, fabric);
+}
+
 void BM_step_fabric(benchmark::State& state) { step_through_fabric<loom::fp32>(state); }
+
+// The same step with the combination chosen from strings (one indirect call
+// per forward, backward, zero_grad and step).
+void BM_step_anyfabric(benchmark::State& state) {
+  auto fabric = loom::make_fabric({.accelerator = "cpu", .strategy = "single_device", .precision = "32-true"});
+  step_through(state, fabric);
+}
 
 void BM_step_raw_bf16_autocast(benchmark::State& state) {
   at::manual_seed(0);
@@ -95,6 +109,7 @@ void BM_step_fabric_bf16_mixed(benchmark::State& state) { step_through_fabric<lo
 
 BENCHMARK(BM_step_raw)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_step_fabric)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_step_anyfabric)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_step_raw_bf16_autocast)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_step_fabric_bf16_mixed)->Unit(benchmark::kMicrosecond);
 
@@ -115,6 +130,7 @@ class ratio_reporter : public benchmark::ConsoleReporter {
   void Finalize() override {
     ConsoleReporter::Finalize();
     ratio("BM_step_fabric", "BM_step_raw");
+    ratio("BM_step_anyfabric", "BM_step_fabric");
     ratio("BM_step_fabric_bf16_mixed", "BM_step_raw_bf16_autocast");
   }
 

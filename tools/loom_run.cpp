@@ -4,6 +4,7 @@
 //
 //   loom-run --accelerator cpu --strategy parallel --devices 2 build/examples/fashion_mnist --epochs 1
 #include <loom/accelerator/parse_devices.hpp>
+#include <loom/runtime/connector.hpp>
 #include <loom/cluster/environment.hpp>
 #include <loom/errors.hpp>
 #include <loom/launch/supervisor.hpp>
@@ -53,19 +54,22 @@ int visible_cuda_devices() {
   return count;
 }
 
+// The flags through the same connector make_fabric uses (Lightning's rules),
+// before anything starts: how many processes this node runs.
 int processes_per_node(const arguments& args) {
-  std::string accelerator = args.accelerator.empty() ? "auto" : args.accelerator;
-  if (accelerator == "auto") accelerator = visible_cuda_devices() > 0 ? "cuda" : "cpu";
-  if (accelerator == "mps") {
-    throw loom::configuration_error("--accelerator mps: Apple's MPS backend is not in this LibTorch build. Accepted here: cpu, cuda, gpu, auto.");
-  }
-  if (accelerator == "tpu") {
-    throw loom::configuration_error("--accelerator tpu: XLA has no LibTorch C++ backend. Accepted here: cpu, cuda, gpu, auto.");
-  }
-  if (args.strategy == "dp") return 1;
-  loom::devices_spec devices(args.devices);
-  if (accelerator == "cpu") return loom::detail::parse_cpu_devices(devices);
-  return static_cast<int>(loom::detail::parse_cuda_devices(devices, visible_cuda_devices()).size());
+  loom::runtime::connector_input input;
+  input.accelerator = args.accelerator.empty() ? "auto" : args.accelerator;
+  input.strategy = args.strategy.empty() ? "auto" : args.strategy;
+  input.devices = loom::devices_spec(args.devices);
+  if (!args.precision.empty()) input.precision = args.precision;
+  input.num_nodes = args.num_nodes;
+  // loom-run links no CUDA: a visible NVIDIA device counts as usable; the
+  // program itself says so if its LibTorch has no CUDA.
+  const int cuda = visible_cuda_devices();
+  const auto machine = loom::runtime::builtin_machine(cuda, cuda > 0);
+  const auto chosen = loom::runtime::connect(input, machine, loom::cluster::recorded_environment({}));
+  for (const auto& warning : chosen.warnings) std::cerr << "loom-run: warning: " << warning << '\n';
+  return chosen.processes_per_node;
 }
 
 // Children of this process, for the signal handler (set before any signal is forwarded).

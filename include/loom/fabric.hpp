@@ -10,24 +10,23 @@
 #include <loom/checkpoint/state.hpp>
 #include <loom/compatibility.hpp>
 #include <loom/concepts.hpp>
-#include <loom/data/distributed_sampler.hpp>
-#include <loom/data/worker_seed.hpp>
 #include <loom/devices.hpp>
 #include <loom/errors.hpp>
+#include <loom/fabric_options.hpp>
+#include <loom/fabric_services.hpp>
+#include <loom/launch/run_launched.hpp>
 #include <loom/loggers/logger.hpp>
 #include <loom/precision/true_precision.hpp>
 #include <loom/runtime/names.hpp>
 #include <loom/strategy/single_device.hpp>
 #include <loom/util/apply_to_collection.hpp>
+#include <loom/util/clip_gradients.hpp>
 #include <loom/util/seed.hpp>
+#include <loom/wrap/build_loader.hpp>
 #include <loom/wrap/dataloader.hpp>
 #include <loom/wrap/module.hpp>
 #include <loom/wrap/optimizer.hpp>
 
-#include <torch/data/dataloader.h>
-#include <torch/data/datasets/map.h>
-#include <torch/data/transforms/stack.h>
-#include <torch/nn/utils/clip_grad.h>
 
 #include <iostream>
 #include <memory>
@@ -41,21 +40,6 @@
 
 namespace loom {
 
-struct fabric_options {
-  devices_spec devices;  // not given: 1, or what an external launcher started
-  int num_nodes = 1;
-  std::vector<logger> loggers;
-  std::vector<callback> callbacks;
-};
-
-// Lightning's clip_gradients arguments: exactly one of clip_val and max_norm.
-struct clip_options {
-  std::optional<double> clip_val;
-  std::optional<double> max_norm;
-  double norm_type = 2.0;
-  bool error_if_nonfinite = true;
-};
-
 namespace detail {
 template <class A, class S, class P>
 constexpr bool diagnose_fabric() {
@@ -65,26 +49,6 @@ constexpr bool diagnose_fabric() {
   else return diagnose_combination<A, S, P>();
 }
 
-template <class T>
-inline constexpr bool is_vector = false;
-template <class T, class Alloc>
-inline constexpr bool is_vector<std::vector<T, Alloc>> = true;
-
-// A value Fabric.log accepts: a number or a one-element tensor.
-inline metric_value to_metric(const at::Tensor& value) {
-  if (value.numel() != 1) {
-    throw configuration_error("fabric.log: a logged tensor must hold one element, this one has " +
-                              std::to_string(value.numel()));
-  }
-  if (value.is_floating_point()) return value.item<double>();
-  if (value.scalar_type() == at::kBool) return static_cast<std::int64_t>(value.item<bool>());
-  return value.item<std::int64_t>();
-}
-template <class T>
-metric_value to_metric(const T& value) {
-  if constexpr (std::is_integral_v<T>) return static_cast<std::int64_t>(value);
-  else return static_cast<double>(value);
-}
 }  // namespace detail
 
 template <class A, class S = single_device, class P = fp32>
@@ -101,16 +65,20 @@ class Fabric {
   using optimizer_type = fabric_optimizer<O, S, P>;
 
   explicit Fabric(fabric_options options = {}, S strategy = {}, P precision = {})
-      : strategy_(std::move(strategy)), precision_(std::move(precision)), loggers_(std::move(options.loggers)) {
+      : strategy_(std::move(strategy)),
+        precision_(std::move(precision)),
+        services_(std::move(options.loggers), std::move(options.callbacks)) {
     if (options.num_nodes < 1) {
       throw configuration_error("num_nodes=" + std::to_string(options.num_nodes) + " is not valid: it must be >= 1");
     }
     // Started by loom-run: its --accelerator/--strategy/--precision/--devices must agree with this type.
-    const std::string conflict = runtime::cli_conflict(
-        A::name, S::name, P::name,
-        options.devices.given() ? std::optional<std::string>(options.devices.text()) : std::nullopt,
-        options.num_nodes, options.num_nodes != 1);
-    if (!conflict.empty()) throw configuration_error(conflict);
+    if (!options.checked_by_connector) {
+      const std::string conflict = runtime::cli_conflict(
+          A::name, S::name, P::name,
+          options.devices.given() ? std::optional<std::string>(options.devices.text()) : std::nullopt,
+          options.num_nodes, options.num_nodes != 1);
+      if (!conflict.empty()) throw configuration_error(conflict);
+    }
     strategy_environment environment;
     environment.requested = options.devices;
     environment.parse_devices = &A::parse_devices;
@@ -119,7 +87,6 @@ class Fabric {
     environment.strategy = S::name;
     environment.num_nodes = options.num_nodes;
     strategy_.setup_environment(environment);
-    for (auto& entry : options.callbacks) callbacks_.add(std::move(entry));
   }
 
   // Wrappers returned by setup point into this object.
@@ -141,20 +108,9 @@ class Fabric {
   template <class Function>
   decltype(auto) launch(Function&& function) {
     launch();
-    if constexpr (requires { strategy_.is_forked_child(); }) {
-      if (strategy_.is_forked_child()) {
-        int status = 0;
-        try {
-          std::forward<Function>(function)(*this);
-        } catch (const std::exception& error) {
-          std::cerr << "loom: rank " << global_rank() << ": " << error.what() << std::endl;
-          status = 1;
-        }
-        std::cout << std::flush;
-        std::_Exit(status);
-      }
-    }
-    return std::forward<Function>(function)(*this);
+    bool forked_child = false;
+    if constexpr (requires { strategy_.is_forked_child(); }) forked_child = strategy_.is_forked_child();
+    return detail::run_launched(*this, std::forward<Function>(function), forked_child);
   }
 
   // ----------------------------------------------------------------- setup
@@ -177,10 +133,15 @@ class Fabric {
     static_assert(!needs_joint_setup<S>,
                   "loom::Fabric::setup_module: this strategy sets up the module and its optimizers together; call "
                   "fabric.setup(module, optimizer...) instead.");
-    torch::nn::Module& impl = *module;
-    precision_.convert_module(impl);
-    typename S::module_state state = strategy_.setup_module(impl, move_to_device);
+    typename S::module_state state = setup_module_state(*module, move_to_device);
     return module_type<Holder>(std::move(module), strategy_, precision_, std::move(state));
+  }
+
+  // What setup_module does to the module itself (precision, device, the
+  // strategy's per-module state), for wrappers other than fabric_module.
+  typename S::module_state setup_module_state(torch::nn::Module& module, bool move_to_device = true) {
+    precision_.convert_module(module);
+    return strategy_.setup_module(module, move_to_device);
   }
 
   template <class... Optimizers>
@@ -199,11 +160,8 @@ class Fabric {
   // on the device.
   template <class Dataset>
   auto setup_dataloaders(Dataset dataset, const loader_options& options) {
-    if constexpr (detail::is_vector<typename Dataset::BatchType>) {
-      return build_loader(std::move(dataset).map(torch::data::transforms::Stack<>()), options);
-    } else {
-      return build_loader(std::move(dataset), options);
-    }
+    return detail::build_loader(std::move(dataset), options, strategy_.world_size(), strategy_.global_rank(),
+                                strategy_.root_device());
   }
 
   // A loader the user built: batches are moved to the device, nothing else.
@@ -227,18 +185,9 @@ class Fabric {
     static_assert(is_fabric_module<Module> && is_fabric_optimizer<Optimizer>,
                   "loom::Fabric::clip_gradients(module, optimizer, options): pass the module and optimizer that "
                   "fabric.setup returned.");
-    if (options.clip_val.has_value() == options.max_norm.has_value()) {
-      throw configuration_error(options.clip_val ? "clip_gradients: clip by value or by norm, not both"
-                                                 : "clip_gradients: give clip_val or max_norm");
-    }
+    detail::check_clip_options(options);
     precision_.unscale_gradients(optimizer.optimizer(), optimizer.slot());
-    auto parameters = module->parameters();
-    if (options.clip_val) {
-      torch::nn::utils::clip_grad_value_(parameters, *options.clip_val);
-      return std::nullopt;
-    }
-    return torch::nn::utils::clip_grad_norm_(parameters, *options.max_norm, options.norm_type,
-                                             options.error_if_nonfinite);
+    return detail::clip_gradient_values(module->parameters(), options);
   }
 
   // The precision's forward context, for code outside the wrapped forward.
@@ -296,30 +245,12 @@ class Fabric {
   // Prints its arguments, separated by spaces, on global rank zero.
   template <class... Args>
   void print(const Args&... args) const {
-    if (!is_global_zero()) return;
-    std::ostringstream line;
-    bool first = true;
-    ((line << (first ? "" : " ") << args, first = false), ...);
-    line << '\n';
-    std::cout << line.str() << std::flush;
+    detail::print_on_zero(is_global_zero(), args...);
   }
 
   // Rank zero runs the guarded block first, the others wait for it (e.g. to
   // download or preprocess once).
-  auto rank_zero_first() {
-    struct guard {
-      Fabric* fabric;
-      explicit guard(Fabric* f) : fabric(f) {
-        if (!fabric->is_global_zero()) fabric->barrier();
-      }
-      guard(const guard&) = delete;
-      guard& operator=(const guard&) = delete;
-      ~guard() {
-        if (fabric->is_global_zero()) fabric->barrier();
-      }
-    };
-    return guard(this);
-  }
+  auto rank_zero_first() { return detail::rank_zero_first_guard<Fabric>(*this); }
 
   // ---------------------------------------------------------- collectives
   // Each takes a tensor or a nested container of tensors and returns a value
@@ -368,26 +299,20 @@ class Fabric {
   // To every logger, on global rank zero.
   template <class Value>
   void log(const std::string& name, const Value& value, std::optional<std::int64_t> step = std::nullopt) {
-    if (!is_global_zero() || loggers_.empty()) return;
-    const metrics values{{name, detail::to_metric(value)}};
-    for (auto& sink : loggers_) sink.log_metrics(values, step);
+    services_.log(is_global_zero(), name, value, step);
   }
   void log_dict(const metrics& values, std::optional<std::int64_t> step = std::nullopt) {
-    if (!is_global_zero()) return;
-    for (auto& sink : loggers_) sink.log_metrics(values, step);
+    services_.log_dict(is_global_zero(), values, step);
   }
-  std::vector<logger>& loggers() noexcept { return loggers_; }
+  std::vector<logger>& loggers() noexcept { return services_.loggers(); }
   // The first logger (Lightning's fabric.logger).
-  logger& first_logger() {
-    if (loggers_.empty()) throw configuration_error("fabric has no logger; pass fabric_options{.loggers = {...}}");
-    return loggers_.front();
-  }
+  logger& first_logger() { return services_.first_logger(); }
 
-  void add_callback(callback entry) { callbacks_.add(std::move(entry)); }
-  const std::vector<callback>& callbacks() const noexcept { return callbacks_.callbacks(); }
+  void add_callback(callback entry) { services_.add_callback(std::move(entry)); }
+  const std::vector<callback>& callbacks() const noexcept { return services_.callbacks(); }
   template <class Hook, class... Args>
   void call(Args&&... args) {
-    callbacks_.template call<Hook>(std::forward<Args>(args)...);
+    services_.template call<Hook>(std::forward<Args>(args)...);
   }
 
   // --------------------------------------------------------- checkpoints
@@ -428,34 +353,6 @@ class Fabric {
     return optimizer_type<O>(optimizer, strategy_, precision_, optimizer_slot{next_optimizer_slot_++});
   }
 
-  template <class Dataset>
-  auto build_loader(Dataset dataset, const loader_options& options) {
-    const auto size = dataset.size();
-    if (!size) throw configuration_error("setup_dataloaders: the dataset has no size; loom needs it to sample");
-    if (options.batch_size == 0) throw configuration_error("setup_dataloaders: batch_size must be positive");
-    data::sampler_options sampling;
-    sampling.num_replicas = static_cast<std::size_t>(strategy_.world_size());
-    sampling.rank = static_cast<std::size_t>(strategy_.global_rank());
-    sampling.shuffle = options.shuffle;
-    sampling.seed = options.seed ? *options.seed : global_seed_from_environment().value_or(0);
-    auto epoch = std::make_shared<data::sampler_epoch>();
-    data::distributed_sampler sampler(*size, sampling, epoch);
-    const std::size_t samples = sampler.num_samples();
-    const std::size_t batches =
-        options.drop_last ? samples / options.batch_size : (samples + options.batch_size - 1) / options.batch_size;
-    // Each worker of each rank draws from its own generator (data::worker_generator()).
-    using seeded_t = data::seeded_dataset<Dataset>;
-    using loader_t = torch::data::StatelessDataLoader<seeded_t, data::distributed_sampler>;
-    auto loader = std::make_unique<loader_t>(seeded_t(std::move(dataset), sampling.seed, sampling.rank),
-                                             std::move(sampler),
-                                             torch::data::DataLoaderOptions()
-                                                 .batch_size(options.batch_size)
-                                                 .workers(options.workers)
-                                                 .drop_last(options.drop_last));
-    return fabric_dataloader<loader_t>(std::move(loader), strategy_.root_device(), options.move_to_device,
-                                       std::move(epoch), batches);
-  }
-
   state with_precision(const state& checkpoint) {
     state full = checkpoint;
     if constexpr (has_precision_state<P>) {
@@ -478,8 +375,7 @@ class Fabric {
 
   S strategy_;
   P precision_;
-  std::vector<logger> loggers_;
-  callback_registry callbacks_;
+  detail::fabric_services services_;
   int next_optimizer_slot_ = 0;
 };
 

@@ -104,8 +104,12 @@ class state_entry {
   state_entry(std::string name, const Holder& module)  // NOLINT
       : name_(std::move(name)), slot_(detail::module_slot(shared_module(module))) {}
 
-  template <class H, class S, class P, c10::DeviceType D>
-  state_entry(std::string name, fabric_module<H, S, P, D>& module)  // NOLINT
+  // What setup returned (a static or an erased Fabric's module wrapper).
+  template <class Wrapped>
+    requires(!ModuleHolder<Wrapped> && requires(Wrapped& wrapped) {
+      { wrapped.module() } -> ModuleHolder;
+    })
+  state_entry(std::string name, Wrapped& module)  // NOLINT
       : state_entry(std::move(name), module.module()) {}
 
   template <class O>
@@ -113,8 +117,11 @@ class state_entry {
   state_entry(std::string name, O& optimizer)  // NOLINT
       : name_(std::move(name)), slot_(detail::optimizer_slot_for(optimizer)) {}
 
-  template <class O, class S, class P>
-  state_entry(std::string name, fabric_optimizer<O, S, P>& optimizer)  // NOLINT
+  template <class Wrapped>
+    requires(!std::derived_from<Wrapped, torch::optim::Optimizer> && requires(Wrapped& wrapped) {
+      { wrapped.optimizer() } -> std::convertible_to<torch::optim::Optimizer&>;
+    })
+  state_entry(std::string name, Wrapped& optimizer)  // NOLINT
       : state_entry(std::move(name), optimizer.optimizer()) {}
 
   state_entry(std::string name, at::Tensor& tensor)  // NOLINT

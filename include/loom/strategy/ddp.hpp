@@ -58,10 +58,7 @@ struct basic_ddp : basic_parallel<Launcher> {
     std::vector<at::Tensor>& tensors = scratch_;
     tensors.clear();
     if (engine->options().find_unused_parameters) {
-      apply_to_collection(output, [&tensors](const at::Tensor& t) {
-        tensors.push_back(t);
-        return 0;
-      });
+      for_each_tensor(output, [&tensors](const at::Tensor& t) { tensors.push_back(t); });
     }
     engine->after_forward(tensors);
     if (engine->needs_static_graph_sink()) {

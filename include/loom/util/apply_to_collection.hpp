@@ -19,10 +19,19 @@
 
 namespace loom {
 
+// A type-erased view of a collection (the erased Fabric's forward output):
+// it maps its tensors in place and visits them, and declares loom_tensor_view.
+template <class T>
+concept tensor_view = requires { typename std::remove_cvref_t<T>::loom_tensor_view; };
+
 template <class T, class F>
 auto apply_to_collection(T&& value, F&& function) {
   using value_type = std::remove_cvref_t<T>;
-  if constexpr (std::is_same_v<value_type, at::Tensor>) {
+  if constexpr (tensor_view<value_type>) {
+    value_type view = value;
+    view.map(function);  // the function must return a tensor here
+    return view;
+  } else if constexpr (std::is_same_v<value_type, at::Tensor>) {
     return function(value);  // usually a tensor; all_gather makes a vector of them
   } else if constexpr (std::is_convertible_v<const value_type&, std::string_view>) {
     return value_type(std::forward<T>(value));  // strings are values, not containers
@@ -66,6 +75,32 @@ auto apply_to_collection(T&& value, F&& function) {
                  : std::optional<item_t>();
   } else {
     return value_type(std::forward<T>(value));
+  }
+}
+
+// Calls function(tensor) on every tensor inside value, in place: a mutable
+// value gives at::Tensor&, so the function may replace each tensor.
+template <class T, class F>
+void for_each_tensor(T&& value, F&& function) {
+  using value_type = std::remove_cvref_t<T>;
+  if constexpr (tensor_view<value_type>) {
+    value.for_each(function);
+  } else if constexpr (std::is_same_v<value_type, at::Tensor>) {
+    function(value);
+  } else if constexpr (std::is_convertible_v<const value_type&, std::string_view>) {
+    // strings hold no tensors
+  } else if constexpr (requires { typename value_type::DataType; typename value_type::TargetType; }) {
+    for_each_tensor(value.data, function);
+    for_each_tensor(value.target, function);
+  } else if constexpr (requires { typename std::tuple_size<value_type>::type; } &&
+                       !requires { typename value_type::value_type; }) {
+    std::apply([&](auto&... items) { (for_each_tensor(items, function), ...); }, value);
+  } else if constexpr (requires { typename value_type::key_type; typename value_type::mapped_type; }) {
+    for (auto& item : value) for_each_tensor(item.second, function);
+  } else if constexpr (requires { typename value_type::value_type; value.begin(); value.end(); }) {
+    for (auto& item : value) for_each_tensor(item, function);
+  } else if constexpr (requires { typename value_type::value_type; value.has_value(); *value; }) {
+    if (value) for_each_tensor(*value, function);
   }
 }
 

@@ -1,0 +1,57 @@
+// The registry: names (Lightning's, with their preset parameters) mapped to
+// the Fabric<A, S, P> combinations compiled into libloom, plus the names
+// users register. make_fabric looks up what the connector resolved.
+#pragma once
+
+#include <loom/fabric_options.hpp>
+#include <loom/runtime/fabric_interface.hpp>
+#include <loom/runtime/connector.hpp>
+#include <loom/runtime/names.hpp>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace loom::runtime {
+
+using fabric_factory = std::function<std::unique_ptr<fabric_interface>(fabric_options)>;
+
+// One compiled combination under one strategy name.
+struct registry_entry {
+  std::string strategy;     // the registered name: "ddp_find_unused_parameters_true"
+  std::string description;  // what the name means
+  std::string accelerator;  // "cpu" | "cuda"
+  std::string precision;    // canonical: "bf16-mixed"
+  std::string strategy_type, accelerator_type, precision_type;  // C++ types, for docs
+  fabric_factory make;
+};
+
+struct registration_options {
+  bool override_existing = false;  // replacing a registered name must be asked for
+};
+
+class registry {
+ public:
+  // The process-wide registry, with the built-in combinations.
+  static registry& instance();
+
+  // Adds every entry (one strategy name, several combinations). Throws when
+  // the name exists and override_existing is false.
+  void add_strategy(const std::vector<registry_entry>& entries, registration_options options = {});
+  const registry_entry* find(std::string_view accelerator, std::string_view strategy,
+                             std::string_view precision) const;
+  bool has_strategy(std::string_view name) const;
+  std::vector<std::string> strategy_names() const;  // registration order
+  const std::vector<registry_entry>& entries() const noexcept { return entries_; }
+  // The names the connector knows: Lightning's catalog with this registry's
+  // names marked built, plus user names.
+  machine_facts machine(int cuda_devices, bool cuda_built) const;
+
+ private:
+  std::vector<registry_entry> entries_;
+  std::vector<strategy_name> user_names_;
+};
+
+}  // namespace loom::runtime
