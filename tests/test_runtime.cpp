@@ -6,6 +6,7 @@
 #include <loom/any_fabric.hpp>
 #include <loom/loom.hpp>
 #include <loom/runtime/connector.hpp>
+#include <loom/runtime/register_strategy.hpp>
 #include <loom/runtime/registry.hpp>
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/sgd.h>
@@ -267,4 +268,22 @@ TEST_CASE("make_fabric refuses what the connector refuses", "[runtime]") {
   CHECK_THROWS_WITH(loom::make_fabric({.strategy = "no_such_strategy"}),
                     Catch::Contains("unknown strategy") && Catch::Contains("ddp"));
   CHECK_THROWS_WITH(loom::make_fabric({.precision = "16-true"}), Catch::Contains("no fp16 matmul"));
+}
+
+TEST_CASE("users register their own names; an existing name needs the override flag", "[runtime]") {
+  using loom::runtime::register_strategy;
+  auto make = [] { return loom::single_device{}; };
+  register_strategy<loom::single_device>("my_single", "loom::single_device", "a user's name", +make);
+  auto fabric = loom::make_fabric({.strategy = "my_single", .precision = "64-true"});
+  CHECK(fabric.strategy_name() == "my_single");
+  CHECK(fabric.precision() == "64-true");
+  CHECK_THROWS_WITH(register_strategy<loom::single_device>("my_single", "loom::single_device", "again", +make),
+                    Catch::Contains("already registered"));
+  CHECK_THROWS_WITH(register_strategy<loom::single_device>("ddp", "loom::single_device", "shadow", +make),
+                    Catch::Contains("already registered"));
+  register_strategy<loom::single_device>("my_single", "loom::single_device", "replaced", +make,
+                                         {.override_existing = true});
+  CHECK(loom::runtime::registry::instance().find("cpu", "my_single", "32-true")->description == "replaced");
+  // The connector knows the new name (and lists it when a name is unknown).
+  CHECK_THROWS_WITH(loom::make_fabric({.strategy = "nope"}), Catch::Contains("my_single"));
 }

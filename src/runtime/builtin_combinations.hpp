@@ -1,96 +1,16 @@
-// The built-in combinations: the Boost.Hana product accelerators x
-// strategies x precisions, filtered by compatible<A, S, P> and by what this
-// build can run (cuda only in a CUDA build). Each src/runtime/builtin_*.cpp
-// instantiates the product for its strategies, so two cores build them in
-// parallel and user TUs that use only strings instantiate nothing.
+// The built-in names, one src/runtime/builtin_*.cpp per strategy family, so
+// two cores build them in parallel and user TUs that use only strings
+// instantiate nothing.
 #pragma once
 
-#include <loom/accelerator/cpu.hpp>
-#include <loom/accelerator/cuda.hpp>
-#include <loom/compatibility.hpp>
-#include <loom/precision/mixed.hpp>
-#include <loom/precision/true_precision.hpp>
-#include <loom/runtime/fabric_model.hpp>
-#include <loom/runtime/registry.hpp>
+#include <loom/runtime/register_strategy.hpp>
 
-#include <boost/hana/cartesian_product.hpp>
-#include <boost/hana/filter.hpp>
-#include <boost/hana/for_each.hpp>
-#include <boost/hana/tuple.hpp>
-#include <boost/hana/type.hpp>
-
-#include <memory>
-#include <string>
 #include <vector>
 
 namespace loom::runtime::builtin {
 
-namespace hana = boost::hana;
-
-#if defined(LOOM_WITH_CUDA)
-inline constexpr auto accelerators = hana::tuple_t<cpu, cuda>;
-#else
-inline constexpr auto accelerators = hana::tuple_t<cpu>;
-#endif
-inline constexpr auto precisions = hana::tuple_t<fp32, fp64, fp16, bf16, fp16_mixed, bf16_mixed>;
-
-template <class T>
-inline constexpr const char* type_name = "?";
-template <> inline constexpr const char* type_name<cpu> = "loom::cpu";
-template <> inline constexpr const char* type_name<cuda> = "loom::cuda";
-template <> inline constexpr const char* type_name<fp32> = "loom::fp32";
-template <> inline constexpr const char* type_name<fp64> = "loom::fp64";
-template <> inline constexpr const char* type_name<fp16> = "loom::fp16";
-template <> inline constexpr const char* type_name<bf16> = "loom::bf16";
-template <> inline constexpr const char* type_name<fp16_mixed> = "loom::fp16_mixed";
-template <> inline constexpr const char* type_name<bf16_mixed> = "loom::bf16_mixed";
-
-// A registered name with its preset: how to make the strategy.
-template <class S>
-struct preset {
-  const char* name;
-  const char* type;  // as written in docs: "loom::ddp"
-  S (*make)();
-};
-
-// Every runnable (A, S, P) of the product over the given presets, as registry entries.
-template <class... S>
-std::vector<std::vector<registry_entry>> entries(const preset<S>&... presets) {
-  std::vector<std::vector<registry_entry>> out;
-  auto one = [&out](const auto& preset) {
-    using strategy_t = decltype(preset.make());
-    std::vector<registry_entry> named;
-    constexpr auto product =
-        hana::cartesian_product(hana::make_tuple(accelerators, hana::tuple_t<strategy_t>, precisions));
-    constexpr auto runnable = hana::filter(product, [](auto triple) {
-      using A = typename decltype(+hana::at_c<0>(triple))::type;
-      using S_ = typename decltype(+hana::at_c<1>(triple))::type;
-      using P = typename decltype(+hana::at_c<2>(triple))::type;
-      return hana::bool_c<compatible<A, S_, P>>;
-    });
-    const strategy_name* known = find_strategy(preset.name);
-    hana::for_each(runnable, [&](auto triple) {
-      using A = typename decltype(+hana::at_c<0>(triple))::type;
-      using P = typename decltype(+hana::at_c<2>(triple))::type;
-      registry_entry entry;
-      entry.strategy = preset.name;
-      entry.description = known ? known->description : std::string();
-      entry.accelerator = std::string(A::name);
-      entry.precision = std::string(P::name);
-      entry.strategy_type = preset.type;
-      entry.accelerator_type = type_name<A>;
-      entry.precision_type = type_name<P>;
-      entry.make = [make = preset.make, name = std::string(preset.name)](fabric_options options) {
-        return std::unique_ptr<fabric_interface>(
-            std::make_unique<fabric_model<A, strategy_t, P>>(name, std::move(options), make(), P{}));
-      };
-      named.push_back(std::move(entry));
-    });
-    out.push_back(std::move(named));
-  };
-  (one(presets), ...);
-  return out;
-}
+using runtime::entries;
+using runtime::preset;
 
 // Defined one per TU.
 std::vector<std::vector<registry_entry>> single_device_entries();

@@ -1,0 +1,31 @@
+// A user TU that states its configuration as types: a whole training
+// step through a static Fabric<cpu, ddp, bf16_mixed> (compile-time benchmark, bench/compile_time.sh).
+#include <loom/loom.hpp>
+#include <torch/torch.h>
+
+struct NetImpl : torch::nn::Module {
+  NetImpl() : fc1(register_module("fc1", torch::nn::Linear(784, 256))), fc2(register_module("fc2", torch::nn::Linear(256, 10))) {}
+  at::Tensor forward(const at::Tensor& x) { return fc2(torch::relu(fc1(x))); }
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(Net);
+
+int main(int argc, char** argv) {
+  (void)argc;
+  (void)argv;
+  loom::Fabric<loom::cpu, loom::ddp, loom::bf16_mixed> fabric;
+  fabric.launch();
+  Net net;
+  torch::optim::SGD sgd(net->parameters(), 0.01);
+  auto [model, optimizer] = fabric.setup(net, sgd);
+  const at::Tensor x = torch::randn({64, 784});
+  const at::Tensor y = torch::randint(0, 10, {64});
+  for (int step = 0; step < 10; ++step) {
+    optimizer.zero_grad();
+    auto loss = torch::nn::functional::cross_entropy(model(x), y);
+    fabric.backward(loss);
+    optimizer.step();
+  }
+  fabric.print("loss", fabric.all_reduce(torch::ones({1}), loom::reduce_op::mean).item<double>());
+  return 0;
+}
