@@ -1,8 +1,12 @@
-// Trains an MLP on Fashion-MNIST through loom::Fabric and prints, as its last
+// Trains an MLP on Fashion-MNIST through loom's Fabric and prints, as its last
 // line, test_accuracy=0.XXXX. The data are the IDX files from Debian's
-// dataset-fashion-mnist (or --data DIR).
+// dataset-fashion-mnist (or --data DIR). Device, strategy and precision come
+// from the command line or from loom-run (LT_*), through make_fabric, as a
+// Lightning script's do under `fabric run`.
 //
 //   build/examples/fashion_mnist [--epochs 5] [--batch-size 64] [--lr 1e-3] [--data DIR]
+//                                [--accelerator cpu] [--strategy ddp] [--devices 2] [--precision bf16-mixed]
+#include <loom/any_fabric.hpp>
 #include <loom/loom.hpp>
 
 #include <CLI/CLI.hpp>
@@ -16,6 +20,7 @@
 #include <cstdio>
 #include <iomanip>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 namespace {
@@ -48,6 +53,12 @@ struct options {
   std::string log_dir = "logs";
   std::string checkpoint;
   int log_every = 200;
+  // Lightning's Fabric(...) arguments; not given: auto, or loom-run's values.
+  std::string accelerator = "auto";
+  std::string strategy = "auto";
+  std::optional<std::string> devices;
+  std::optional<std::string> precision;
+  int num_nodes = 1;
 };
 
 template <class Fabric, class Model, class Loader>
@@ -71,8 +82,8 @@ double run(Fabric& fabric, const options& opts) {
   auto train_set = loom::data::fashion_mnist(opts.data, loom::data::split::train);
   auto test_set = loom::data::fashion_mnist(opts.data, loom::data::split::test);
   fabric.print("fashion-mnist:", train_set.size().value(), "training and", test_set.size().value(),
-               "test images from", opts.data, "| strategy", std::string(Fabric::strategy_type::name), "on",
-               fabric.world_size(), "process(es), precision", std::string(Fabric::precision_type::name));
+               "test images from", opts.data, "| strategy", fabric.strategy_name(), "on", fabric.world_size(),
+               "process(es), precision", std::string(fabric.precision()));
 
   Classifier net = [&] {
     auto init = fabric.init_module();
@@ -123,17 +134,13 @@ double run(Fabric& fabric, const options& opts) {
   return test_accuracy;
 }
 
-std::string environment_or(const char* name, const std::string& fallback) {
-  const char* value = std::getenv(name);
-  return value != nullptr && *value != '\0' ? value : fallback;
-}
-
-template <class Strategy, class Precision>
-int train_with(const options& opts) {
-  std::vector<loom::logger> loggers;
-  if (!opts.log_dir.empty()) loggers.emplace_back(loom::csv_logger(opts.log_dir, {.name = "fashion_mnist"}));
-  loom::Fabric<loom::cpu, Strategy, Precision> fabric({.loggers = std::move(loggers)});
-  fabric.launch();
+int train(const options& opts) {
+  loom::fabric_config config{.accelerator = opts.accelerator, .strategy = opts.strategy, .num_nodes = opts.num_nodes};
+  if (opts.devices) config.devices = *opts.devices;
+  if (opts.precision) config.precision = *opts.precision;
+  if (!opts.log_dir.empty()) config.loggers.emplace_back(loom::csv_logger(opts.log_dir, {.name = "fashion_mnist"}));
+  loom::AnyFabric fabric = loom::make_fabric(std::move(config));
+  fabric.launch();  // --devices N without loom-run: starts the other N-1 processes
   const double test_accuracy = run(fabric, opts);  // reduced over every rank
   std::cout << std::flush;
   fabric.barrier();  // the other ranks are done printing
@@ -156,25 +163,15 @@ int main(int argc, char** argv) {
   app.add_option("--log-dir,--log_dir", opts.log_dir, "CSV logs go under this directory ('' for none)");
   app.add_option("--checkpoint", opts.checkpoint, "write a checkpoint here at the end");
   app.add_option("--log-every,--log_every", opts.log_every, "progress line every N steps")->check(CLI::PositiveNumber);
+  app.add_option("--accelerator", opts.accelerator, "cpu | cuda | gpu | auto");
+  app.add_option("--strategy", opts.strategy, "a registered strategy name (see docs/registry.md) or auto");
+  app.add_option("--devices", opts.devices, "processes (cpu) or devices (cuda): a count, auto, or indices");
+  app.add_option("--precision", opts.precision, "32-true | 64-true | bf16-mixed | bf16-true | 16-mixed | ...");
+  app.add_option("--num-nodes,--num_nodes", opts.num_nodes, "nodes of the job")->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
 
   try {
-    // Under loom-run the strategy and precision come from its flags (LT_*),
-    // as a Lightning script's do under `fabric run`. Until loom's string
-    // registry exists, a static switch over the combinations built here.
-    const std::string strategy = environment_or("LT_STRATEGY", std::getenv("WORLD_SIZE") != nullptr &&
-                                                                      std::string(std::getenv("WORLD_SIZE")) != "1"
-                                                                  ? "ddp"
-                                                                  : "single_device");
-    const std::string precision =
-        loom::runtime::canonical_precision(environment_or("LT_PRECISION", "32-true")).value_or("?");
-    if (strategy == "single_device" && precision == "32-true") return train_with<loom::single_device, loom::fp32>(opts);
-    if (strategy == "single_device" && precision == "bf16-mixed") return train_with<loom::single_device, loom::bf16_mixed>(opts);
-    if (strategy == "ddp" && precision == "32-true") return train_with<loom::ddp, loom::fp32>(opts);
-    if (strategy == "ddp" && precision == "bf16-mixed") return train_with<loom::ddp, loom::bf16_mixed>(opts);
-    throw loom::configuration_error("this example is built for --strategy single_device|ddp and --precision "
-                                    "32-true|bf16-mixed; got strategy '" + strategy + "', precision '" +
-                                    environment_or("LT_PRECISION", "") + "'");
+    return train(opts);
   } catch (const std::exception& error) {
     std::cerr << "fashion_mnist: " << error.what() << '\n';
     return 1;

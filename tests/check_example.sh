@@ -4,7 +4,8 @@
 # `loom-run --accelerator cpu --strategy ddp --devices 2`): the last line of
 # stdout and stderr together must be test_accuracy=0.XXXX, printed once, with
 # a value >= 0.85. Then with a data directory that does not exist: it must
-# fail and name the file and the Debian package.
+# fail and name the file and the Debian package. Under LOOM_RUN, a flag of the
+# example that contradicts loom-run's must be refused, naming both.
 set -u
 example=$(realpath "$1")
 launcher=""
@@ -30,4 +31,12 @@ awk -v v="$value" 'BEGIN { exit !(v >= 0.85) }' || { echo "test accuracy $value 
 $launcher "$example" --data "$work/missing" > missing.txt 2>&1 && { echo "missing data did not fail"; exit 1; }
 grep -q "missing/train-images-idx3-ubyte.gz" missing.txt && grep -q "dataset-fashion-mnist" missing.txt || {
   echo "the missing-data error does not name the file and the package:"; cat missing.txt; exit 1; }
+
+# Under loom-run its flags decide; the example's own flag that differs is an
+# error naming both, before any training (Lightning's rule, through make_fabric).
+if [ -n "$launcher" ]; then
+  $launcher "$example" --strategy single_device > conflict.txt 2>&1 && { echo "a conflicting --strategy was accepted"; exit 1; }
+  grep -q "strategy=single_device" conflict.txt && grep -q -- "--strategy=ddp" conflict.txt || {
+    echo "the conflict error does not name both values:"; cat conflict.txt; exit 1; }
+fi
 echo "ok"
