@@ -19,6 +19,7 @@
 #include <loom/wrap/build_loader.hpp>
 #include <loom/wrap/module.hpp>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -59,21 +60,29 @@ class any_module {
 
   template <class... Args>
   auto forward(Args&&... args) {
+    return run(detail::call_forward{}, std::forward<Args>(args)...);
+  }
+
+  // method(module, args...) run the way forward runs (see fabric_module::run).
+  template <class Method, class... Args>
+  auto run(Method&& method, Args&&... args) {
     impl_type& impl = *module_;
     runtime::module_session& session = *session_;
     if (!session.converts_io()) {
-      using output_t = std::remove_cvref_t<decltype(impl.forward(std::forward<Args>(args)...))>;
+      using output_t = std::remove_cvref_t<std::invoke_result_t<Method&, impl_type&, Args&&...>>;
       std::optional<output_t> output;
-      auto run = [&] { output.emplace(impl.forward(std::forward<Args>(args)...)); };
-      session.forward(impl, run, runtime::output_ref(output));
+      auto body = [&] { output.emplace(std::invoke(method, impl, std::forward<Args>(args)...)); };
+      session.forward(impl, body, runtime::output_ref(output));
       return std::move(*output);
     } else {
       auto to_input = [&session](const at::Tensor& t) { return session.convert_input(t); };
-      using output_t =
-          std::remove_cvref_t<decltype(impl.forward(apply_to_collection(std::forward<Args>(args), to_input)...))>;
+      using output_t = std::remove_cvref_t<decltype(std::invoke(
+          method, impl, apply_to_collection(std::forward<Args>(args), to_input)...))>;
       std::optional<output_t> output;
-      auto run = [&] { output.emplace(impl.forward(apply_to_collection(std::forward<Args>(args), to_input)...)); };
-      session.forward(impl, run, runtime::output_ref(output));
+      auto body = [&] {
+        output.emplace(std::invoke(method, impl, apply_to_collection(std::forward<Args>(args), to_input)...));
+      };
+      session.forward(impl, body, runtime::output_ref(output));
       for_each_tensor(*output, [&session](at::Tensor& t) { t = session.convert_output(t); });
       return std::move(*output);
     }
@@ -199,6 +208,8 @@ class AnyFabric {
   any_guard autocast() const {
     return any_guard([this](any_guard& guard) { fabric_->autocast(guard); });
   }
+  // Whether no_backward_sync can be used with this strategy.
+  bool supports_no_backward_sync() const noexcept { return fabric_->supports_no_backward_sync(); }
   // Throws where the strategy cannot skip gradient synchronisation (the
   // static Fabric refuses that at compile time).
   template <class Holder>

@@ -59,7 +59,8 @@ void distributed_sampler::reset(c10::optional<std::size_t> new_size) {
   indices_.clear();
   indices_.reserve(num_samples_);
   for (std::size_t i = options_.rank; i < total_size_; i += options_.num_replicas) indices_.push_back(all[i]);
-  position_ = 0;
+  position_ = std::min(epoch_->skip, indices_.size());
+  epoch_->skip = 0;
 }
 
 c10::optional<std::vector<std::size_t>> distributed_sampler::next(std::size_t batch_size) {

@@ -1,10 +1,12 @@
 #include <loom/loggers/csv_logger.hpp>
+#include <loom/loggers/log_version.hpp>
 
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <stdexcept>
 #include <system_error>
 
@@ -33,22 +35,7 @@ csv_logger::csv_logger(std::string root_dir, csv_logger_options options)
 }
 
 void csv_logger::resolve_version() const {
-  if (version_) return;
-  std::int64_t next = 0;
-  const fs::path base = fs::path(root_dir_) / options_.name;
-  std::error_code ec;
-  if (fs::is_directory(base, ec)) {
-    for (const auto& entry : fs::directory_iterator(base, ec)) {
-      const std::string dir = entry.path().filename().string();
-      if (!entry.is_directory() || dir.rfind("version_", 0) != 0) continue;
-      std::int64_t number = 0;
-      const char* first = dir.data() + 8;
-      const char* last = dir.data() + dir.size();
-      auto [ptr, err] = std::from_chars(first, last, number);
-      if (err == std::errc{} && ptr == last) next = std::max(next, number + 1);
-    }
-  }
-  version_ = next;
+  if (!version_) version_ = next_log_version((fs::path(root_dir_) / options_.name).string());
 }
 
 std::string csv_logger::version() const {
@@ -58,10 +45,9 @@ std::string csv_logger::version() const {
 }
 
 std::string csv_logger::log_dir() const {
+  if (resumed_dir_) return *resumed_dir_;
   resolve_version();
-  const std::string dir = std::holds_alternative<std::string>(*version_) ? std::get<std::string>(*version_)
-                                                                          : "version_" + version();
-  return (fs::path(root_dir_) / options_.name / dir).string();
+  return versioned_log_dir(root_dir_, options_.name, *version_);
 }
 
 void csv_logger::log_metrics(const metrics& values, std::optional<std::int64_t> step) {
@@ -147,5 +133,80 @@ void csv_logger::log_hyperparams(const hyperparameters& values) {
 }
 
 void csv_logger::finalize(std::string_view /*status*/) { save(); }
+
+namespace {
+// One line of metrics.csv: fields split on commas, "quoted" fields unquoted.
+std::vector<std::string> split_csv_line(const std::string& line) {
+  std::vector<std::string> fields(1);
+  bool quoted = false;
+  for (std::size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') fields.back() += '"', ++i;
+      else if (c == '"') quoted = false;
+      else fields.back() += c;
+    } else if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      fields.emplace_back();
+    } else if (c != '\r') {
+      fields.back() += c;
+    }
+  }
+  return fields;
+}
+
+metric_value parse_metric(const std::string& text, const std::string& file) {
+  std::int64_t integer = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), integer);
+  if (ec == std::errc{} && end == text.data() + text.size()) return integer;
+  if (text == "nan") return std::numeric_limits<double>::quiet_NaN();
+  if (text == "inf") return std::numeric_limits<double>::infinity();
+  if (text == "-inf") return -std::numeric_limits<double>::infinity();
+  double number = 0;
+  auto [dend, dec] = std::from_chars(text.data(), text.data() + text.size(), number);
+  if (dec != std::errc{} || dend != text.data() + text.size()) {
+    throw std::runtime_error("csv_logger: cannot resume from " + file + ": '" + text + "' is not a number");
+  }
+  return number;
+}
+}  // namespace
+
+void csv_logger::resume(const std::string& log_dir, std::int64_t step) {
+  resumed_dir_ = log_dir;
+  columns_.clear();
+  rows_.clear();
+  const fs::path file = fs::path(log_dir) / "metrics.csv";
+  std::ifstream in(file, std::ios::binary);
+  std::string line;
+  if (in && std::getline(in, line)) {
+    columns_ = split_csv_line(line);
+    const auto step_column = std::find(columns_.begin(), columns_.end(), "step");
+    if (step_column == columns_.end()) {
+      throw std::runtime_error("csv_logger: cannot resume from " + file.string() + ": it has no 'step' column");
+    }
+    const auto step_index = static_cast<std::size_t>(step_column - columns_.begin());
+    while (std::getline(in, line)) {
+      if (line.empty() || line == "\r") continue;
+      const auto fields = split_csv_line(line);
+      row entry;
+      bool keep = true;
+      for (std::size_t c = 0; c < fields.size() && c < columns_.size(); ++c) {
+        if (fields[c].empty()) continue;
+        const metric_value value = parse_metric(fields[c], file.string());
+        if (c == step_index) {
+          const auto* logged = std::get_if<std::int64_t>(&value);
+          keep = logged != nullptr && *logged <= step;
+        }
+        entry.cells.emplace_back(c, value);
+      }
+      if (keep) rows_.push_back(std::move(entry));
+    }
+  }
+  // The next save writes the whole file again (atomically), then appends.
+  rows_written_ = 0;
+  columns_written_ = 0;
+  if (!rows_.empty()) save();
+}
 
 }  // namespace loom

@@ -15,7 +15,11 @@ class Optimizer;
 namespace loom {
 
 class state;
+class fit_context;
 
+// From loom's trainer: at the start of fit, with the view of the fit a
+// callback may keep (valid until fit returns).
+LOOM_DECLARE_HOOK(on_fit_start, fit_context& /*fit*/);
 LOOM_DECLARE_HOOK(on_train_start);
 LOOM_DECLARE_HOOK(on_train_end);
 LOOM_DECLARE_HOOK(on_train_epoch_start, std::int64_t /*epoch*/);
@@ -28,13 +32,15 @@ LOOM_DECLARE_HOOK(on_before_zero_grad, torch::optim::Optimizer& /*optimizer*/);
 LOOM_DECLARE_HOOK(on_validation_start);
 LOOM_DECLARE_HOOK(on_validation_end);
 LOOM_DECLARE_HOOK(on_validation_batch_end, const at::Tensor& /*output*/, std::int64_t /*batch_idx*/);
+// Before a checkpoint is written or read: a callback adds the entries of its
+// own state (by reference), which are then saved, or restored in place.
 LOOM_DECLARE_HOOK(on_save_checkpoint, state& /*checkpoint*/);
 LOOM_DECLARE_HOOK(on_load_checkpoint, state& /*checkpoint*/);
 
 // The hooks every callback is checked against at registration. A callback
 // that implements hooks of its own lists them: `using loom_hooks = std::tuple<my_hook>;`.
 using builtin_hooks =
-    std::tuple<on_train_start, on_train_end, on_train_epoch_start, on_train_epoch_end, on_train_batch_start,
+    std::tuple<on_fit_start, on_train_start, on_train_end, on_train_epoch_start, on_train_epoch_end, on_train_batch_start,
                on_train_batch_end, on_before_backward, on_before_optimizer_step, on_before_zero_grad,
                on_validation_start, on_validation_end, on_validation_batch_end, on_save_checkpoint,
                on_load_checkpoint>;

@@ -23,6 +23,10 @@ struct sampler_options {
 // (Fabric's set_epoch on every new iteration); LibTorch's loader owns the sampler.
 struct sampler_epoch {
   std::int64_t value = 0;
+  // Samples of this rank's list to skip at the start of the next pass, once:
+  // a resumed epoch continues where the checkpoint left it, without loading
+  // the batches it skips.
+  std::size_t skip = 0;
 };
 
 class distributed_sampler : public torch::data::samplers::Sampler<> {

@@ -31,6 +31,10 @@ class csv_logger {
   // Writes what is logged so far; rewrites the file only when columns were added.
   void save();
   void finalize(std::string_view status);
+  // Continues the run in log_dir (the directory a checkpoint recorded): reads
+  // its metrics.csv, drops the rows logged after `step`, rewrites the file and
+  // appends from there (what a resumed fit needs so no step appears twice).
+  void resume(const std::string& log_dir, std::int64_t step);
 
   const std::string& root_dir() const noexcept { return root_dir_; }
   const std::string& name() const noexcept { return options_.name; }
@@ -47,6 +51,7 @@ class csv_logger {
   std::string root_dir_;
   csv_logger_options options_;
   mutable std::optional<std::variant<std::int64_t, std::string>> version_;
+  std::optional<std::string> resumed_dir_;  // set by resume(): the directory written to
   std::vector<std::string> columns_;
   std::vector<row> rows_;
   std::size_t rows_written_ = 0;

@@ -1,5 +1,6 @@
 // A logger of any type that has log_metrics (and optionally log_hyperparams,
-// save, finalize). Loggers are off the hot path: type erasure is fine here.
+// save, finalize, log_dir, resume). Loggers are off the hot path: type
+// erasure is fine here.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +41,12 @@ class logger {
   void log_hyperparams(const hyperparameters& values) { self_->log_hyperparams(values); }
   void save() { self_->save(); }
   void finalize(std::string_view status) { self_->finalize(status); }
+  // Where it writes, for loggers that write files (else empty).
+  std::string log_dir() const { return self_->log_dir(); }
+  // Continue a run resumed from a checkpoint taken at `step`, written to
+  // log_dir: what was logged after that step is dropped, logging appends.
+  // Loggers without resume(log_dir, step) start afresh.
+  void resume(const std::string& log_dir, std::int64_t step) { self_->resume(log_dir, step); }
 
   // The logger object, when it is an L (nullptr otherwise).
   template <class L>
@@ -54,6 +61,8 @@ class logger {
     virtual void log_hyperparams(const hyperparameters& values) = 0;
     virtual void save() = 0;
     virtual void finalize(std::string_view status) = 0;
+    virtual std::string log_dir() = 0;
+    virtual void resume(const std::string& log_dir, std::int64_t step) = 0;
     virtual void* target(const std::type_info& type) noexcept = 0;
   };
 
@@ -80,6 +89,13 @@ class logger {
     }
     void finalize(std::string_view status) override {
       if constexpr (requires { get().finalize(status); }) get().finalize(status);
+    }
+    std::string log_dir() override {
+      if constexpr (requires { std::string(get().log_dir()); }) return std::string(get().log_dir());
+      else return {};
+    }
+    void resume(const std::string& log_dir, std::int64_t step) override {
+      if constexpr (requires { get().resume(log_dir, step); }) get().resume(log_dir, step);
     }
     void* target(const std::type_info& type) noexcept override {
       auto& object = get();

@@ -110,6 +110,7 @@ class fabric_interface {
   virtual int world_size() const noexcept = 0;
   virtual c10::Device device() const noexcept = 0;
   virtual bool needs_distributed_sampler() const noexcept = 0;
+  virtual bool supports_no_backward_sync() const noexcept = 0;
 
   virtual std::unique_ptr<module_session> setup_module(torch::nn::Module& module, bool move_to_device) = 0;
   // A new optimizer slot (the grad scaler keeps per-optimizer state by slot).

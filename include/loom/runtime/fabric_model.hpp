@@ -43,6 +43,7 @@ class fabric_model final : public fabric_interface {
   int world_size() const noexcept override { return fabric_.world_size(); }
   c10::Device device() const noexcept override { return fabric_.device(); }
   bool needs_distributed_sampler() const noexcept override { return loom::needs_distributed_sampler<S>; }
+  bool supports_no_backward_sync() const noexcept override { return loom::supports_no_backward_sync<S>; }
 
   std::unique_ptr<module_session> setup_module(torch::nn::Module& module, bool move_to_device) override {
     return std::make_unique<session>(fabric_, fabric_.setup_module_state(module, move_to_device));
@@ -122,7 +123,7 @@ class fabric_model final : public fabric_interface {
       return fabric_->precision().convert_output(tensor);
     }
     void no_backward_sync(any_guard& guard, bool enabled) override {
-      if constexpr (supports_no_backward_sync<S>) {
+      if constexpr (loom::supports_no_backward_sync<S>) {
         guard.emplace_from([&] { return fabric_->strategy().no_backward_sync(state_, enabled); });
       } else {
         throw configuration_error("no_backward_sync: strategy '" + std::string(S::name) +

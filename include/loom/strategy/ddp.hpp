@@ -8,6 +8,7 @@
 #include <loom/strategy/ddp_engine.hpp>
 #include <loom/strategy/parallel.hpp>
 
+#include <cstdint>
 #include <memory>
 #include <string_view>
 #include <vector>
@@ -48,7 +49,29 @@ struct basic_ddp : basic_parallel<Launcher> {
   module_state setup_module(torch::nn::Module& module, bool move_to_device = true) {
     comm::process_group& world = this->group();
     if (move_to_device) module.to(this->device_);
-    return std::make_shared<detail::ddp_engine>(module, world, options_);
+    auto engine = std::make_shared<detail::ddp_engine>(module, world, options_);
+    engines_.push_back(engine);
+    return engine;
+  }
+
+  // Collectives the gradient engines of this strategy's live modules have
+  // issued: one per bucket per synchronised backward (and, once per module,
+  // the broadcast of its rebuilt bucket order). What accumulation under
+  // no_backward_sync saves can be counted with it.
+  std::uint64_t gradient_collectives() const {
+    std::uint64_t total = 0;
+    for (const auto& weak : engines_) {
+      if (auto engine = weak.lock()) total += engine->collectives_issued();
+    }
+    return total;
+  }
+  // Gradient buckets over the strategy's live modules.
+  std::size_t gradient_buckets() const {
+    std::size_t total = 0;
+    for (const auto& weak : engines_) {
+      if (auto engine = weak.lock()) total += engine->bucket_count();
+    }
+    return total;
   }
 
   template <class Forward>
@@ -88,6 +111,7 @@ struct basic_ddp : basic_parallel<Launcher> {
  private:
   ddp_options options_;
   std::vector<at::Tensor> scratch_;  // outputs handed to the reducer, reused every step
+  std::vector<std::weak_ptr<detail::ddp_engine>> engines_;  // for the counters above
 };
 
 using ddp = basic_ddp<launcher_kind::subprocess>;

@@ -2,6 +2,8 @@
 // inside a value (a tensor, an Example, a vector, array, map, pair, tuple or
 // optional of those, nested), keep everything else as it is. The result has
 // the same structure, with each tensor replaced by what the function returns.
+// A struct of its own joins in with two members: map_tensors(f) (a copy with
+// each tensor t replaced by f(t)) and for_each_tensor(f) (f(t&) on each).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -33,6 +35,8 @@ auto apply_to_collection(T&& value, F&& function) {
     return view;
   } else if constexpr (std::is_same_v<value_type, at::Tensor>) {
     return function(value);  // usually a tensor; all_gather makes a vector of them
+  } else if constexpr (requires { value.map_tensors(function); }) {
+    return value.map_tensors(function);
   } else if constexpr (std::is_convertible_v<const value_type&, std::string_view>) {
     return value_type(std::forward<T>(value));  // strings are values, not containers
   } else if constexpr (requires { typename value_type::DataType; typename value_type::TargetType; }) {
@@ -87,6 +91,8 @@ void for_each_tensor(T&& value, F&& function) {
     value.for_each(function);
   } else if constexpr (std::is_same_v<value_type, at::Tensor>) {
     function(value);
+  } else if constexpr (requires { value.for_each_tensor(function); }) {
+    value.for_each_tensor(function);
   } else if constexpr (std::is_convertible_v<const value_type&, std::string_view>) {
     // strings hold no tensors
   } else if constexpr (requires { typename value_type::DataType; typename value_type::TargetType; }) {

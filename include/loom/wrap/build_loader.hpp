@@ -50,7 +50,8 @@ auto build_sampled_loader(Dataset dataset, const loader_options& options, int wo
                                                .batch_size(options.batch_size)
                                                .workers(options.workers)
                                                .drop_last(options.drop_last));
-  return fabric_dataloader<loader_t>(std::move(loader), device, options.move_to_device, std::move(epoch), batches);
+  return fabric_dataloader<loader_t>(std::move(loader), device, options.move_to_device, std::move(epoch), batches,
+                                     options.batch_size);
 }
 
 // Per-example datasets have their examples stacked into batches.

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 
 namespace loom {
 
@@ -80,12 +81,14 @@ class fabric_dataloader {
   };
 
   fabric_dataloader(std::unique_ptr<Loader> loader, c10::Device device, bool move_to_device,
-                    std::shared_ptr<data::sampler_epoch> epoch, std::optional<std::size_t> num_batches)
+                    std::shared_ptr<data::sampler_epoch> epoch, std::optional<std::size_t> num_batches,
+                    std::size_t batch_size = 0)
       : loader_(std::move(loader)),
         device_(device),
         move_to_device_(move_to_device),
         epoch_(std::move(epoch)),
-        num_batches_(num_batches) {}
+        num_batches_(num_batches),
+        batch_size_(batch_size) {}
 
   // Each pass is a new epoch for the sampler (Fabric calls set_epoch with the
   // number of earlier passes).
@@ -101,6 +104,18 @@ class fabric_dataloader {
   std::int64_t epoch() const noexcept { return epoch_ ? epoch_->value : passes_ - 1; }
   // Continue from a given number of finished passes (resume).
   void set_passes(std::int64_t passes) noexcept { passes_ = passes; }
+  // The next pass is epoch `passes` and starts after its first `batches`
+  // batches, which are skipped without being loaded (exact resume inside an
+  // epoch). Needs the sampler of a loader setup_dataloaders built.
+  void resume_at(std::int64_t passes, std::size_t batches) {
+    if (batches > 0 && !epoch_) {
+      throw std::logic_error("fabric_dataloader::resume_at: this loader was not built by setup_dataloaders, so it "
+                             "cannot start a pass in the middle");
+    }
+    passes_ = passes;
+    if (epoch_) epoch_->skip = batches * batch_size_;
+  }
+  std::size_t batch_size() const noexcept { return batch_size_; }
   const c10::Device& device() const noexcept { return device_; }
   Loader& loader() noexcept { return *loader_; }
 
@@ -110,6 +125,7 @@ class fabric_dataloader {
   bool move_to_device_;
   std::shared_ptr<data::sampler_epoch> epoch_;
   std::optional<std::size_t> num_batches_;
+  std::size_t batch_size_;
   std::int64_t passes_ = 0;
 };
 

@@ -10,6 +10,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <functional>
 #include <memory>
 #include <type_traits>
 #include <utility>
@@ -39,6 +40,16 @@ concept ModuleHolder = requires { typename detail::module_impl<std::remove_cvref
 template <class Holder>
 using module_impl_t = typename detail::module_impl<std::remove_cvref_t<Holder>>::type;
 
+namespace detail {
+// module.forward(args...) as a callable, so forward is one case of run.
+struct call_forward {
+  template <class Impl, class... Args>
+  decltype(auto) operator()(Impl& module, Args&&... args) const {
+    return module.forward(std::forward<Args>(args)...);
+  }
+};
+}  // namespace detail
+
 template <ModuleHolder Holder, class Strategy, class Precision, c10::DeviceType Device>
 class fabric_module {
  public:
@@ -56,17 +67,29 @@ class fabric_module {
 
   template <class... Args>
   decltype(auto) forward(Args&&... args) {
+    return run(detail::call_forward{}, std::forward<Args>(args)...);
+  }
+
+  // Runs method(module, args...) the way forward runs: inputs converted by
+  // the precision, under its context and the strategy's forward (DDP arms
+  // its reducer from the outputs), outputs converted. Lightning redirects
+  // training_step and validation_step through forward for the same reasons;
+  // loom's trainer calls them through here.
+  template <class Method, class... Args>
+  decltype(auto) run(Method&& method, Args&&... args) {
     impl_type& impl = *module_;
     if constexpr (!Precision::converts_io) {
-      return strategy_->forward(state_, impl,
-                                [&]() -> decltype(auto) { return impl.forward(std::forward<Args>(args)...); });
+      return strategy_->forward(state_, impl, [&]() -> decltype(auto) {
+        return std::invoke(method, impl, std::forward<Args>(args)...);
+      });
     } else {
       const Precision& precision = *precision_;
       auto to_input = [&precision](const at::Tensor& t) { return precision.convert_input(t); };
       auto output = [&] {
         auto context = precision.forward_context(Device);
-        return strategy_->forward(
-            state_, impl, [&] { return impl.forward(apply_to_collection(std::forward<Args>(args), to_input)...); });
+        return strategy_->forward(state_, impl, [&] {
+          return std::invoke(method, impl, apply_to_collection(std::forward<Args>(args), to_input)...);
+        });
       }();  // the context ends before outputs are converted, as in Lightning
       return apply_to_collection(std::move(output),
                                  [&precision](const at::Tensor& t) { return precision.convert_output(t); });
