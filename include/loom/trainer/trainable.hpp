@@ -43,6 +43,15 @@ concept step_result = std::is_same_v<std::remove_cvref_t<T>, at::Tensor> ||
 template <class M>
 concept names_training_step = requires { &M::training_step; };
 
+template <class Module, class Batch>
+constexpr bool validation_step_returns_loss() {
+  if constexpr (requires(Module& m, Batch& b, std::int64_t i) { m.validation_step(b, i); }) {
+    return step_result<decltype(std::declval<Module&>().validation_step(std::declval<Batch&>(), std::int64_t{}))>;
+  } else {
+    return false;
+  }
+}
+
 // Walks the contract in order and stops at the first missing piece.
 template <class Module, class Batch, bool NeedsValidation>
 constexpr bool diagnose_trainable() {
@@ -87,9 +96,7 @@ constexpr bool diagnose_trainable() {
                   "std::int64_t batch_idx) (or at::Tensor, logged as val_loss), or call fit without validation "
                   "data.");
     return false;
-  } else if constexpr (NeedsValidation &&
-                       !step_result<decltype(std::declval<Module&>().validation_step(std::declval<Batch&>(),
-                                                                                     std::int64_t{}))>) {
+  } else if constexpr (NeedsValidation && !validation_step_returns_loss<Module, Batch>()) {
     static_assert(!NeedsValidation,
                   "loom::trainer::fit: validation_step must return at::Tensor (logged as val_loss) or "
                   "loom::step_output.");

@@ -1,0 +1,53 @@
+#!/bin/sh
+# check_trainer_example.sh TRAINER LOOM_PLOT SOURCE_DIR [LOOM_RUN]
+# Runs examples/trainer at its defaults (with LOOM_RUN: under loom-run
+# --strategy ddp --devices 2). The last line of stdout and stderr together
+# must be val_accuracy=0.XXXX, printed once, >= 0.85; the progress bar,
+# checkpoints (periodic, best, last), CSV and TensorBoard logs must be there;
+# every logged value of the CSV must be in the TensorBoard file at its step
+# (read by tests/read_tensorboard.py, an independent Python reader); and
+# loom-plot must turn the CSV into a valid SVG with the curves.
+set -u
+example=$(realpath "$1")
+plot=$(realpath "$2")
+source_dir=$(realpath "$3")
+launcher=""
+if [ $# -ge 4 ]; then launcher="$(realpath "$4") --accelerator cpu --strategy ddp --devices 2"; fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work" || exit 1
+fail() { echo "FAIL: $*"; exit 1; }
+
+start=$(date +%s)
+$launcher "$example" > out.txt 2>&1
+status=$?
+seconds=$(( $(date +%s) - start ))
+last=$(tail -n 1 out.txt)
+echo "exit status $status after ${seconds} s, last line: $last"
+[ "$status" -eq 0 ] || { tail -n 30 out.txt; fail "the example failed"; }
+case "$last" in
+  val_accuracy=0.[0-9][0-9][0-9][0-9]) ;;
+  *) fail "the last line is not val_accuracy=0.XXXX" ;;
+esac
+[ "$(grep -c '^val_accuracy=' out.txt)" -eq 1 ] || fail "val_accuracy is printed more than once"
+awk -v v="${last#val_accuracy=}" 'BEGIN { exit !(v >= 0.85) }' || fail "val_accuracy ${last#val_accuracy=} is below 0.85"
+grep -q '^Epoch 3/3 \[####################\]' out.txt || fail "no progress bar line for the end of epoch 3"
+grep '^validation after epoch' out.txt
+for file in checkpoints/epoch=1-step=*.ckpt checkpoints/epoch=3-step=*.ckpt checkpoints/best/last.ckpt \
+            checkpoints/best/epoch=*-val_accuracy=*.ckpt logs/csv/version_0/metrics.csv \
+            logs/csv/version_0/hparams.yaml logs/tensorboard/version_0/events.out.tfevents.*; do
+  [ -f "$file" ] || fail "missing $file"
+done
+echo "checkpoints and logs are there"
+
+/usr/bin/python3 "$source_dir/tests/read_tensorboard.py" --proto "$source_dir/src/loggers/proto" \
+  --dir logs/tensorboard/version_0 --csv logs/csv/version_0/metrics.csv \
+  --columns train_loss,train_accuracy,val_loss,val_accuracy,lr-AdamW,epoch || fail "TensorBoard and CSV differ"
+
+"$plot" logs/csv/version_0/metrics.csv -o curves.svg --metrics train_loss,val_loss,val_accuracy,lr-AdamW ||
+  fail "loom-plot failed"
+/usr/bin/python3 "$source_dir/tests/check_svg.py" curves.svg train_loss val_loss val_accuracy lr-AdamW ||
+  fail "loom-plot's SVG is not valid"
+"$plot" logs/csv/version_0/metrics.csv -o bad.svg --metrics no_such_metric > bad.txt 2>&1 && fail "an unknown metric was accepted"
+grep -q "has no column 'no_such_metric'" bad.txt || fail "the unknown-metric error does not name it"
+echo "ok"
