@@ -28,7 +28,9 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -548,6 +550,38 @@ TEST_CASE("the progress line: epoch, bar, rate, ETA and values", "[trainer]") {
   CHECK(loom::format_progress(snapshot) == "Epoch 2/3 [##........] 50/200 25% 20.0 it/s ETA 0:08 loss=0.1235 lr=2.000e-05");
   CHECK(loom::format_duration(3700) == "1:01:40");
   CHECK(loom::format_duration(75) == "1:15");
+}
+
+std::string bar_output(bool terminal) {
+  std::FILE* stream = std::tmpfile();
+  {
+    loom::progress_bar bar({.stream = stream, .terminal = terminal, .refresh_seconds = 0, .lines_per_epoch = 4}, true);
+    bar.start_epoch(0, 2, 20, 0);
+    for (std::int64_t done = 1; done <= 20; ++done) {
+      if (bar.due(done)) bar.update(done, {{"loss", 1.0 / static_cast<double>(done)}});
+    }
+    bar.end_epoch(20, {{"loss", 0.05}});
+    bar.message("validation after epoch 1: val_loss=0.1");
+  }
+  std::rewind(stream);
+  std::string text;
+  for (int c = std::fgetc(stream); c != EOF; c = std::fgetc(stream)) text.push_back(static_cast<char>(c));
+  std::fclose(stream);
+  return text;
+}
+
+TEST_CASE("the progress bar redraws in place on a terminal and prints plain lines elsewhere", "[trainer]") {
+  const std::string terminal = bar_output(true);
+  CHECK(std::count(terminal.begin(), terminal.end(), '\r') == 21);  // every update, then the epoch's end
+  CHECK_THAT(terminal, Catch::Contains("\033[K"));  // clear to the end of the redrawn line
+  CHECK_THAT(terminal, Catch::Contains("[####################] 20/20 100%"));
+  CHECK_THAT(terminal, Catch::EndsWith("\nvalidation after epoch 1: val_loss=0.1\n"));
+  CHECK(std::count(terminal.begin(), terminal.end(), '\n') == 2);  // the finished bar and the message
+  const std::string plain = bar_output(false);
+  CHECK(plain.find('\r') == std::string::npos);
+  CHECK(std::count(plain.begin(), plain.end(), '\n') == 3 + 1 + 1);  // at 5, 10, 15; the end; the message
+  CHECK_THAT(plain, Catch::Contains("Epoch 1/2 [#####...............] 5/20 25%"));
+  CHECK_THAT(plain, Catch::Contains("Epoch 1/2 [####################] 20/20 100%"));
 }
 
 }  // namespace
