@@ -15,6 +15,8 @@
 #include <torch/serialize.h>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -27,6 +29,7 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 namespace loom::comm {
@@ -40,12 +43,35 @@ std::string hostname() {
 }
 
 // Whether process pid on this host has exited (gone, or a zombie not yet reaped).
+// Plain read(2): the process may vanish between open and read (ESRCH), which
+// std::ifstream would turn into an exception of its own.
 bool process_gone(long pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  if (!stat) return true;
-  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return true;
+  char buffer[512];
+  const ssize_t size = ::read(fd, buffer, sizeof(buffer));
+  ::close(fd);
+  if (size <= 0) return true;
+  const std::string_view text(buffer, static_cast<std::size_t>(size));
   const auto close = text.rfind(')');
-  return close != std::string::npos && close + 2 < text.size() && (text[close + 2] == 'Z' || text[close + 2] == 'X');
+  return close != std::string_view::npos && close + 2 < text.size() &&
+         (text[close + 2] == 'Z' || text[close + 2] == 'X');
+}
+
+// Gloo writes to its peers' sockets; a write to a peer that died raises
+// SIGPIPE, whose default action ends this process without a word, where loom
+// promises an exception naming the dead rank. Python (and so PyTorch)
+// ignores SIGPIPE from the start; loom does the same when it opens a Gloo
+// group, unless the program installed a handler of its own.
+void ignore_sigpipe_unless_handled() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    ::sigemptyset(&ignore.sa_mask);
+    ::sigaction(SIGPIPE, &ignore, nullptr);
+  }
 }
 
 // A sentence on what went wrong, naming the ranks that went away when they
@@ -176,6 +202,7 @@ c10::intrusive_ptr<compat::c10d_backend> make_backend(const c10::intrusive_ptr<c
         "CUDA build of LibTorch). Use the gloo backend.");
 #endif
   }
+  ignore_sigpipe_unless_handled();
   auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
   gloo_options->devices.push_back(gloo_device(options));
   gloo_options->threads = 2;
