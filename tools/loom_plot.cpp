@@ -5,6 +5,8 @@
 // One panel per metric; a train_/val_/test_ pair (train_loss, val_loss)
 // shares a panel, told apart by the legend. Axes have ticks at round values
 // and labels; points that are not finite are left out. No torch headers.
+#include <loom/loggers/csv_format.hpp>
+
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -31,37 +33,12 @@ struct panel {
   std::vector<series> lines;
 };
 
-std::vector<std::string> split_csv_line(const std::string& line) {
-  std::vector<std::string> fields(1);
-  bool quoted = false;
-  for (std::size_t i = 0; i < line.size(); ++i) {
-    const char c = line[i];
-    if (quoted) {
-      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
-        fields.back() += '"';
-        ++i;
-      } else if (c == '"') {
-        quoted = false;
-      } else {
-        fields.back() += c;
-      }
-    } else if (c == '"') {
-      quoted = true;
-    } else if (c == ',') {
-      fields.emplace_back();
-    } else if (c != '\r') {
-      fields.back() += c;
-    }
-  }
-  return fields;
-}
-
 std::vector<series> read_metrics(const std::string& path, const std::vector<std::string>& wanted) {
   std::ifstream in(path);
   if (!in) throw std::runtime_error("cannot open " + path);
   std::string line;
   if (!std::getline(in, line)) throw std::runtime_error(path + " is empty");
-  const std::vector<std::string> header = split_csv_line(line);
+  const std::vector<std::string> header = loom::split_csv_line(line);
   const auto step_it = std::find(header.begin(), header.end(), "step");
   if (step_it == header.end()) throw std::runtime_error(path + " has no 'step' column (is it a loom/Lightning metrics.csv?)");
   const auto step_column = static_cast<std::size_t>(step_it - header.begin());
@@ -83,7 +60,7 @@ std::vector<series> read_metrics(const std::string& path, const std::vector<std:
   while (std::getline(in, line)) {
     ++row;
     if (line.empty() || line == "\r") continue;
-    const auto fields = split_csv_line(line);
+    const auto fields = loom::split_csv_line(line);
     if (step_column >= fields.size() || fields[step_column].empty()) continue;
     const double step = std::stod(fields[step_column]);
     for (std::size_t c = 0; c < fields.size() && c < header.size(); ++c) {

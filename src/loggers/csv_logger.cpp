@@ -1,3 +1,4 @@
+#include <loom/loggers/csv_format.hpp>
 #include <loom/loggers/csv_logger.hpp>
 #include <loom/loggers/log_version.hpp>
 
@@ -67,17 +68,6 @@ void csv_logger::log_metrics(const metrics& values, std::optional<std::int64_t> 
   if ((row_step + 1) % options_.flush_logs_every_n_steps == 0) save();
 }
 
-namespace {
-std::string csv_field(const std::string& text) {
-  if (text.find_first_of(",\"\n\r") == std::string::npos) return text;
-  std::string quoted = "\"";
-  for (char c : text) {
-    if (c == '"') quoted += '"';
-    quoted += c;
-  }
-  return quoted + '"';
-}
-}  // namespace
 
 void csv_logger::save() {
   if (rows_.empty()) return;
@@ -135,27 +125,6 @@ void csv_logger::log_hyperparams(const hyperparameters& values) {
 void csv_logger::finalize(std::string_view /*status*/) { save(); }
 
 namespace {
-// One line of metrics.csv: fields split on commas, "quoted" fields unquoted.
-std::vector<std::string> split_csv_line(const std::string& line) {
-  std::vector<std::string> fields(1);
-  bool quoted = false;
-  for (std::size_t i = 0; i < line.size(); ++i) {
-    const char c = line[i];
-    if (quoted) {
-      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') fields.back() += '"', ++i;
-      else if (c == '"') quoted = false;
-      else fields.back() += c;
-    } else if (c == '"') {
-      quoted = true;
-    } else if (c == ',') {
-      fields.emplace_back();
-    } else if (c != '\r') {
-      fields.back() += c;
-    }
-  }
-  return fields;
-}
-
 metric_value parse_metric(const std::string& text, const std::string& file) {
   std::int64_t integer = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), integer);
