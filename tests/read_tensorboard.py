@@ -15,9 +15,11 @@ does, and compares what it found with expectations.
 Exit status 0 when everything matches, 1 with the differences otherwise.
 """
 import argparse
+import atexit
 import csv
 import importlib
 import math
+import shutil
 import struct
 import subprocess
 import sys
@@ -73,6 +75,7 @@ def records(path):
 
 def load_messages(proto_dir):
     out = Path(tempfile.mkdtemp(prefix="loom-tb-"))
+    atexit.register(shutil.rmtree, out, True)
     subprocess.run(["protoc", f"--proto_path={proto_dir}", f"--python_out={out}", "loom_tensorboard.proto"],
                    check=True)
     sys.path.insert(0, str(out))

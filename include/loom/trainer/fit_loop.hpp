@@ -262,6 +262,10 @@ class fit_loop {
     fabric_.template call<on_train_epoch_start>(progress_.epoch);
     bar_.start_epoch(progress_.epoch, options_.max_epochs,
                      limit == INT64_MAX ? std::nullopt : std::optional<std::int64_t>(limit), batch_idx);
+    if (limit == 0 && !options_.max_epochs) {
+      throw configuration_error("trainer: the training loader gives no batch (limit_train_batches = 0 or an empty "
+                                "dataset) and max_epochs is unset: fit would never end");
+    }
     if (batch_idx >= limit) return finish_epoch(true);  // resumed where limit_train_batches now ends the epoch
     // The sampler's epoch is the fit's; a resumed epoch skips the batches it had done.
     train_.resume_at(progress_.epoch, static_cast<std::size_t>(batch_idx));
