@@ -3,10 +3,19 @@
 // one run with random interleaving, and the same step through make_fabric's
 // AnyFabric against the static Fabric; the ratios of the medians are printed last.
 //
+// The BM_pair_* entries measure the same ratios a second way: each iteration
+// times one step of each side back to back (alternating which goes first),
+// and the median of the per-iteration ratios is reported. A slow phase of a
+// shared machine hits both halves of a pair alike, so these ratios are far
+// less noisy than ratios of separately timed medians.
+//
 //   OMP_NUM_THREADS=1 build/bench/loom_bench --benchmark_repetitions=10
 #include "step_model.hpp"
 
 #include <benchmark/benchmark.h>
+#include <algorithm>
+#include <chrono>
+#include <memory>
 #include <loom/any_fabric.hpp>
 #include <loom/loom.hpp>
 #include <torch/nn/functional/loss.h>
@@ -107,11 +116,111 @@ void BM_step_raw_bf16_autocast(benchmark::State& state) {
 
 void BM_step_fabric_bf16_mixed(benchmark::State& state) { step_through_fabric<loom::bf16_mixed>(state); }
 
+// ------------------------------------------------------------ paired
+using bench_clock = std::chrono::steady_clock;
+
+// Times baseline() and candidate() back to back each iteration (alternating
+// the order) and reports the median of candidate / baseline as "ratio".
+template <class Baseline, class Candidate>
+void paired_ratio(benchmark::State& state, Baseline&& baseline, Candidate&& candidate) {
+  std::vector<double> ratios;
+  ratios.reserve(1 << 14);
+  bool candidate_first = false;
+  for (auto _ : state) {
+    std::chrono::duration<double> base{}, cand{};
+    if (candidate_first) {
+      const auto t0 = bench_clock::now();
+      candidate();
+      const auto t1 = bench_clock::now();
+      baseline();
+      base = bench_clock::now() - t1;
+      cand = t1 - t0;
+    } else {
+      const auto t0 = bench_clock::now();
+      baseline();
+      const auto t1 = bench_clock::now();
+      candidate();
+      cand = bench_clock::now() - t1;
+      base = t1 - t0;
+    }
+    candidate_first = !candidate_first;
+    ratios.push_back(cand.count() / base.count());
+  }
+  std::sort(ratios.begin(), ratios.end());
+  state.counters["ratio"] = ratios.empty() ? 0.0 : ratios[ratios.size() / 2];
+}
+
+// The raw loop as a callable step, on its own model.
+struct raw_step {
+  explicit raw_step(bool autocast) : autocast(autocast), optimizer(model->parameters(), 0.01) {}
+  void operator()() {
+    optimizer.zero_grad();
+    at::Tensor loss;
+    if (autocast) {
+      raw_cpu_autocast guard;
+      loss = torch::nn::functional::cross_entropy(model->forward(data.inputs), data.targets);
+    } else {
+      loss = torch::nn::functional::cross_entropy(model->forward(data.inputs), data.targets);
+    }
+    loss.backward();
+    optimizer.step();
+  }
+  bool autocast;
+  step_data data;
+  Mlp model;
+  torch::optim::SGD optimizer;
+};
+
+// A fabric's step as a callable, on its own model.
+template <class FabricType>
+auto fabric_step(FabricType& fabric) {
+  auto data = std::make_shared<step_data>();
+  Mlp net;
+  auto sgd = std::make_shared<torch::optim::SGD>(net->parameters(), 0.01);
+  using setup_t = decltype(fabric.setup(net, *sgd));
+  auto wrapped = std::make_shared<setup_t>(fabric.setup(net, *sgd));
+  return [data, sgd, wrapped, &fabric] {
+    auto& [model, optimizer] = *wrapped;
+    optimizer.zero_grad();
+    auto loss = torch::nn::functional::cross_entropy(model(data->inputs), data->targets);
+    fabric.backward(loss);
+    optimizer.step();
+  };
+}
+
+void BM_pair_fabric_vs_raw(benchmark::State& state) {
+  at::manual_seed(0);
+  raw_step raw(false);
+  loom::Fabric<loom::cpu, loom::single_device, loom::fp32> fabric;
+  auto step = fabric_step(fabric);
+  paired_ratio(state, raw, step);
+}
+
+void BM_pair_anyfabric_vs_fabric(benchmark::State& state) {
+  at::manual_seed(0);
+  loom::Fabric<loom::cpu, loom::single_device, loom::fp32> fabric;
+  auto any = loom::make_fabric({.accelerator = "cpu", .strategy = "single_device", .precision = "32-true"});
+  auto static_step = fabric_step(fabric);
+  auto erased_step = fabric_step(any);
+  paired_ratio(state, static_step, erased_step);
+}
+
+void BM_pair_fabric_bf16_mixed_vs_raw_autocast(benchmark::State& state) {
+  at::manual_seed(0);
+  raw_step raw(true);
+  loom::Fabric<loom::cpu, loom::single_device, loom::bf16_mixed> fabric;
+  auto step = fabric_step(fabric);
+  paired_ratio(state, raw, step);
+}
+
 BENCHMARK(BM_step_raw)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_step_fabric)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_step_anyfabric)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_step_raw_bf16_autocast)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_step_fabric_bf16_mixed)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_pair_fabric_vs_raw)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_pair_anyfabric_vs_fabric)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_pair_fabric_bf16_mixed_vs_raw_autocast)->Unit(benchmark::kMicrosecond);
 
 // The console output, then one line per pair: the ratio of median real times.
 class ratio_reporter : public benchmark::ConsoleReporter {
@@ -120,10 +229,11 @@ class ratio_reporter : public benchmark::ConsoleReporter {
     ConsoleReporter::ReportRuns(reports);
     for (const auto& run : reports) {
       const std::string& name = run.run_name.function_name;
-      if (run.run_type == Run::RT_Aggregate && run.aggregate_name == "median") {
+      const bool median = run.run_type == Run::RT_Aggregate && run.aggregate_name == "median";
+      const bool single = run.run_type == Run::RT_Iteration && run.repetitions <= 1;  // its own median
+      if (median || single) {
         medians_[name] = run.GetAdjustedRealTime();
-      } else if (run.run_type == Run::RT_Iteration && run.repetitions <= 1) {
-        medians_[name] = run.GetAdjustedRealTime();  // a single run is its own median
+        if (auto it = run.counters.find("ratio"); it != run.counters.end()) paired_[name] = it->second.value;
       }
     }
   }
@@ -132,6 +242,9 @@ class ratio_reporter : public benchmark::ConsoleReporter {
     ratio("BM_step_fabric", "BM_step_raw");
     ratio("BM_step_anyfabric", "BM_step_fabric");
     ratio("BM_step_fabric_bf16_mixed", "BM_step_raw_bf16_autocast");
+    for (const auto& [name, value] : paired_) {
+      std::printf("paired %s: median of per-step ratios (median over repetitions) = %.4f\n", name.c_str(), value);
+    }
   }
 
  private:
@@ -141,6 +254,7 @@ class ratio_reporter : public benchmark::ConsoleReporter {
                 medians_[ours] / medians_[baseline], medians_[ours], medians_[baseline]);
   }
   std::map<std::string, double> medians_;
+  std::map<std::string, double> paired_;
 };
 
 bool has_flag(const std::vector<char*>& args, const char* name) {
