@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 
@@ -60,10 +61,16 @@ class fit_context {
   // Writes the trainer's full checkpoint (model, optimizer, scheduler,
   // counters, RNG, callbacks) to path. A collective: every rank calls it,
   // with the same path; global rank zero writes.
-  void save_checkpoint(const std::string& path) const { save_(path); }
+  void save_checkpoint(const std::string& path) const {
+    if (!save_) throw std::logic_error("fit_context::save_checkpoint: no fit is running");
+    save_(path);
+  }
   // To the loggers, on global rank zero, at the current global step or at step.
-  void log(const loom::metrics& values) const { log_(values, global_step_); }
-  void log(const loom::metrics& values, std::int64_t step) const { log_(values, step); }
+  void log(const loom::metrics& values) const { log(values, global_step_); }
+  void log(const loom::metrics& values, std::int64_t step) const {
+    if (!log_) throw std::logic_error("fit_context::log: no fit is running");
+    log_(values, step);
+  }
   // The trainer's log_every_n_steps: callbacks that log per step keep its cadence.
   std::int64_t log_every_n_steps() const noexcept { return log_every_n_steps_; }
 

@@ -164,8 +164,8 @@ class fit_loop {
     }
     if (!saved_here) result.last_checkpoint = save_checkpoint();  // on stop
     fabric_.template call<on_train_end>();
-    for (auto& sink : fabric_.loggers()) {
-      if (fabric_.is_global_zero()) sink.finalize("success");
+    if (fabric_.is_global_zero()) {
+      for (auto& sink : fabric_.loggers()) sink.finalize("success");
     }
     result.epochs = progress_.epoch;
     result.global_step = progress_.global_step;

@@ -120,10 +120,15 @@ class trainer {
           optimization.frequency, train, val);
       context_.save_ = [&loop](const std::string& path) { loop.save_to(path); };
       context_.log_ = [this](const metrics& values, std::int64_t step) { fabric_->log_dict(values, step); };
-      fit_result result = loop.run(options.resume);
-      context_.save_ = nullptr;
-      context_.log_ = nullptr;
-      return result;
+      // The context outlives the loop: its actions end with it, even when fit throws.
+      struct detach_actions {
+        fit_context& context;
+        ~detach_actions() {
+          context.save_ = nullptr;
+          context.log_ = nullptr;
+        }
+      } detach{context_};
+      return loop.run(options.resume);
     };
     if constexpr (has_validation) {
       auto val = make_loader(std::move(*val_set), options.val_loader);
