@@ -4,7 +4,7 @@
 # --strategy ddp --devices 2). The last line of stdout and stderr together
 # must be val_accuracy=0.XXXX, printed once, >= 0.85; the progress bar,
 # checkpoints (periodic, best, last), CSV and TensorBoard logs must be there;
-# every logged value of the CSV must be in the TensorBoard file at its step
+# every value in every column of the CSV must be in the TensorBoard file at its step
 # (read by tests/read_tensorboard.py, an independent Python reader); and
 # loom-plot must turn the CSV into a valid SVG with the curves.
 set -u
@@ -41,8 +41,7 @@ done
 echo "checkpoints and logs are there"
 
 /usr/bin/python3 "$source_dir/tests/read_tensorboard.py" --proto "$source_dir/src/loggers/proto" \
-  --dir logs/tensorboard/version_0 --csv logs/csv/version_0/metrics.csv \
-  --columns train_loss,train_accuracy,val_loss,val_accuracy,lr-AdamW,epoch || fail "TensorBoard and CSV differ"
+  --dir logs/tensorboard/version_0 --csv logs/csv/version_0/metrics.csv || fail "TensorBoard and CSV differ"
 
 "$plot" logs/csv/version_0/metrics.csv -o curves.svg --metrics train_loss,val_loss,val_accuracy,lr-AdamW ||
   fail "loom-plot failed"

@@ -9,8 +9,9 @@ does, and compares what it found with expectations.
       FILE lines: "<tag> <step> <value>"   the scalar is there, equal as float32
                   "absent <tag> <step>"    no such scalar
                   "hparam <name> <value>"  a hyperparameter of the session
-  read_tensorboard.py --proto DIR --dir RUN_DIR --csv metrics.csv --columns a,b
-      every value of those columns in the CSV is in the event files at its step
+  read_tensorboard.py --proto DIR --dir RUN_DIR --csv metrics.csv [--columns a,b]
+      every value of those columns (default: every column but step) in the
+      CSV is in the event files at its step
   read_tensorboard.py --proto DIR --dir RUN_DIR --dump
 Exit status 0 when everything matches, 1 with the differences otherwise.
 """
@@ -174,7 +175,10 @@ def main():
     if args.csv:
         columns = [c for c in args.columns.split(",") if c]
         with open(args.csv, newline="") as handle:
-            for row in csv.DictReader(handle):
+            reader = csv.DictReader(handle)
+            if not columns:
+                columns = [c for c in reader.fieldnames if c != "step"]
+            for row in reader:
                 for column in columns:
                     if row.get(column, "") == "":
                         continue
@@ -186,7 +190,7 @@ def main():
                     elif not same(stored, float(row[column])):
                         problems.append(f"{column} at step {step}: {stored} in the event file, {row[column]} in the CSV")
         if checked == 0:
-            problems.append("the CSV has no values in the columns " + args.columns)
+            problems.append("the CSV has no values in the columns " + ",".join(columns))
     for problem in problems:
         print("read_tensorboard: " + problem, file=sys.stderr)
     if not problems:
