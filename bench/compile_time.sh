@@ -21,7 +21,11 @@ printf '#include <loom/loom.hpp>\nint main() { return 0; }\n' > "$work/loom_hpp.
 cp "$root/examples/minimal.cpp" "$work/loom_minimal.cpp"
 cp "$root/bench/compile/raw_user.cpp" "$work/raw_user.cpp"
 cp "$root/bench/compile/make_fabric_user.cpp" "$work/make_fabric.cpp"
-cp "$root/bench/compile/make_fabric_narrow_user.cpp" "$work/make_fabric_narrow.cpp"
+# The same program with the narrow LibTorch headers it uses instead of torch.h.
+sed 's|#include <torch/torch.h>|#include <torch/nn/functional/activation.h>\
+#include <torch/nn/functional/loss.h>\
+#include <torch/nn/modules/linear.h>\
+#include <torch/optim/sgd.h>|' "$root/bench/compile/make_fabric_user.cpp" > "$work/make_fabric_narrow.cpp"
 cp "$root/bench/compile/static_ddp_user.cpp" "$work/static_ddp.cpp"
 flags="-std=c++20 -O2 -D_GLIBCXX_USE_CXX11_ABI=1 -DUSE_C10D_GLOO -isystem /usr/include/torch/csrc/api/include -I$root/include"
 median_of() { printf '%s\n' "$@" | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }

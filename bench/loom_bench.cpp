@@ -126,25 +126,22 @@ void paired_ratio(benchmark::State& state, Baseline&& baseline, Candidate&& cand
   std::vector<double> ratios;
   ratios.reserve(1 << 14);
   bool candidate_first = false;
+  auto timed = [](auto& step) {
+    const auto start = bench_clock::now();
+    step();
+    return std::chrono::duration<double>(bench_clock::now() - start).count();
+  };
   for (auto _ : state) {
-    std::chrono::duration<double> base{}, cand{};
+    double base = 0, cand = 0;
     if (candidate_first) {
-      const auto t0 = bench_clock::now();
-      candidate();
-      const auto t1 = bench_clock::now();
-      baseline();
-      base = bench_clock::now() - t1;
-      cand = t1 - t0;
+      cand = timed(candidate);
+      base = timed(baseline);
     } else {
-      const auto t0 = bench_clock::now();
-      baseline();
-      const auto t1 = bench_clock::now();
-      candidate();
-      cand = bench_clock::now() - t1;
-      base = t1 - t0;
+      base = timed(baseline);
+      cand = timed(candidate);
     }
     candidate_first = !candidate_first;
-    ratios.push_back(cand.count() / base.count());
+    ratios.push_back(cand / base);
   }
   std::sort(ratios.begin(), ratios.end());
   state.counters["ratio"] = ratios.empty() ? 0.0 : ratios[ratios.size() / 2];
