@@ -58,6 +58,13 @@ fit accum 12 --accum 4 --count-syncs
 expect_contains "$WORK/accum.log" "steps=12" "DDP with grad_accum_steps=4 takes 12 optimizer steps"
 line=$(grep '^syncs per optimizer step' "$WORK/accum.log")
 echo "    $line"
+# The same count per optimizer step as without accumulation: the three
+# micro-batches under no_backward_sync add no collective.
+fit noaccum 12 --count-syncs
+single=$(grep '^syncs per optimizer step' "$WORK/noaccum.log")
+echo "    $single"
+[ "${line%%|*}" = "${single%%|*}" ] && pass "4 micro-batches per step issue the collectives of 1" ||
+  fail "accumulation changed the collectives per step: '$line' vs '$single'"
 buckets=$(echo "$line" | sed -n 's/.*buckets=\([0-9]*\).*/\1/p')
 # Step 1 teaches the reducer the gradient order and step 2 broadcasts the
 # rebuilt bucket order once; from step 3 on only gradient reductions run.
