@@ -53,67 +53,75 @@ struct raw_cpu_autocast {
   }
 };
 
-void BM_step_raw(benchmark::State& state) {
-  at::manual_seed(0);
-  step_data data;
-  Mlp model;
-  torch::optim::SGD optimizer(model->parameters(), 0.01);
-  for (auto _ : state) {
-    optimizer.zero_grad();
-    auto loss = torch::nn::functional::cross_entropy(model->forward(data.inputs), data.targets);
-    loss.backward();
-    optimizer.step();
-  }
-}
-
-// One step through a fabric: the loop every Fabric entry times.
-template <class FabricType>
-void step_through(benchmark::State& state, FabricType& fabric) {
-  at::manual_seed(0);
-  step_data data;
-  Mlp net;
-  torch::optim::SGD sgd(net->parameters(), 0.01);
-  auto [model, optimizer] = fabric.setup(net, sgd);
-  for (auto _ : state) {
-    optimizer.zero_grad();
-    auto loss = torch::nn::functional::cross_entropy(model(data.inputs), data.targets);
-    fabric.backward(loss);
-    optimizer.step();
-  }
-}
-
-template <class Precision>
-void step_through_fabric(benchmark::State& state) {
-  loom::Fabric<loom::cpu, loom::single_device, Precision> fabric;
-  step_through(state, fabric);
-}
-
-void BM_step_fabric(benchmark::State& state) { step_through_fabric<loom::fp32>(state); }
-
-// The same step with the combination chosen from strings (one indirect call
-// per forward, backward, zero_grad and step).
-void BM_step_anyfabric(benchmark::State& state) {
-  auto fabric = loom::make_fabric({.accelerator = "cpu", .strategy = "single_device", .precision = "32-true"});
-  step_through(state, fabric);
-}
-
-void BM_step_raw_bf16_autocast(benchmark::State& state) {
-  at::manual_seed(0);
-  step_data data;
-  Mlp model;
-  torch::optim::SGD optimizer(model->parameters(), 0.01);
-  for (auto _ : state) {
+// The raw loop's step, on its own model (the baseline: no loom anywhere).
+template <bool Autocast>
+struct raw_step {
+  raw_step() : optimizer(model->parameters(), 0.01) {}
+  void operator()() {
     optimizer.zero_grad();
     at::Tensor loss;
-    {
-      raw_cpu_autocast autocast;
+    if constexpr (Autocast) {
+      raw_cpu_autocast guard;
+      loss = torch::nn::functional::cross_entropy(model->forward(data.inputs), data.targets);
+    } else {
       loss = torch::nn::functional::cross_entropy(model->forward(data.inputs), data.targets);
     }
     loss.backward();
     optimizer.step();
   }
+  step_data data;
+  Mlp model;
+  torch::optim::SGD optimizer;
+};
+
+// A fabric's step, on its own model: the loop every Fabric entry times.
+template <class FabricType>
+auto fabric_step(FabricType& fabric) {
+  auto data = std::make_shared<step_data>();
+  Mlp net;
+  auto sgd = std::make_shared<torch::optim::SGD>(net->parameters(), 0.01);
+  using setup_t = decltype(fabric.setup(net, *sgd));
+  auto wrapped = std::make_shared<setup_t>(fabric.setup(net, *sgd));
+  return [data, sgd, wrapped, &fabric] {
+    auto& [model, optimizer] = *wrapped;
+    optimizer.zero_grad();
+    auto loss = torch::nn::functional::cross_entropy(model(data->inputs), data->targets);
+    fabric.backward(loss);
+    optimizer.step();
+  };
 }
 
+template <class Step>
+void time_steps(benchmark::State& state, Step&& step) {
+  for (auto _ : state) step();
+}
+
+template <bool Autocast>
+void step_raw(benchmark::State& state) {
+  at::manual_seed(0);
+  raw_step<Autocast> step;
+  time_steps(state, step);
+}
+
+template <class Precision>
+void step_through_fabric(benchmark::State& state) {
+  at::manual_seed(0);
+  loom::Fabric<loom::cpu, loom::single_device, Precision> fabric;
+  time_steps(state, fabric_step(fabric));
+}
+
+void BM_step_raw(benchmark::State& state) { step_raw<false>(state); }
+void BM_step_fabric(benchmark::State& state) { step_through_fabric<loom::fp32>(state); }
+
+// The same step with the combination chosen from strings (one indirect call
+// per forward, backward, zero_grad and step).
+void BM_step_anyfabric(benchmark::State& state) {
+  at::manual_seed(0);
+  auto fabric = loom::make_fabric({.accelerator = "cpu", .strategy = "single_device", .precision = "32-true"});
+  time_steps(state, fabric_step(fabric));
+}
+
+void BM_step_raw_bf16_autocast(benchmark::State& state) { step_raw<true>(state); }
 void BM_step_fabric_bf16_mixed(benchmark::State& state) { step_through_fabric<loom::bf16_mixed>(state); }
 
 // ------------------------------------------------------------ paired
@@ -147,67 +155,25 @@ void paired_ratio(benchmark::State& state, Baseline&& baseline, Candidate&& cand
   state.counters["ratio"] = ratios.empty() ? 0.0 : ratios[ratios.size() / 2];
 }
 
-// The raw loop as a callable step, on its own model.
-struct raw_step {
-  explicit raw_step(bool autocast) : autocast(autocast), optimizer(model->parameters(), 0.01) {}
-  void operator()() {
-    optimizer.zero_grad();
-    at::Tensor loss;
-    if (autocast) {
-      raw_cpu_autocast guard;
-      loss = torch::nn::functional::cross_entropy(model->forward(data.inputs), data.targets);
-    } else {
-      loss = torch::nn::functional::cross_entropy(model->forward(data.inputs), data.targets);
-    }
-    loss.backward();
-    optimizer.step();
-  }
-  bool autocast;
-  step_data data;
-  Mlp model;
-  torch::optim::SGD optimizer;
-};
-
-// A fabric's step as a callable, on its own model.
-template <class FabricType>
-auto fabric_step(FabricType& fabric) {
-  auto data = std::make_shared<step_data>();
-  Mlp net;
-  auto sgd = std::make_shared<torch::optim::SGD>(net->parameters(), 0.01);
-  using setup_t = decltype(fabric.setup(net, *sgd));
-  auto wrapped = std::make_shared<setup_t>(fabric.setup(net, *sgd));
-  return [data, sgd, wrapped, &fabric] {
-    auto& [model, optimizer] = *wrapped;
-    optimizer.zero_grad();
-    auto loss = torch::nn::functional::cross_entropy(model(data->inputs), data->targets);
-    fabric.backward(loss);
-    optimizer.step();
-  };
+// A static Fabric's step against the raw loop's (with autocast for the mixed precisions).
+template <class Precision>
+void pair_fabric_vs_raw(benchmark::State& state) {
+  at::manual_seed(0);
+  raw_step<Precision::is_mixed> raw;
+  loom::Fabric<loom::cpu, loom::single_device, Precision> fabric;
+  paired_ratio(state, raw, fabric_step(fabric));
 }
 
-void BM_pair_fabric_vs_raw(benchmark::State& state) {
-  at::manual_seed(0);
-  raw_step raw(false);
-  loom::Fabric<loom::cpu, loom::single_device, loom::fp32> fabric;
-  auto step = fabric_step(fabric);
-  paired_ratio(state, raw, step);
+void BM_pair_fabric_vs_raw(benchmark::State& state) { pair_fabric_vs_raw<loom::fp32>(state); }
+void BM_pair_fabric_bf16_mixed_vs_raw_autocast(benchmark::State& state) {
+  pair_fabric_vs_raw<loom::bf16_mixed>(state);
 }
 
 void BM_pair_anyfabric_vs_fabric(benchmark::State& state) {
   at::manual_seed(0);
   loom::Fabric<loom::cpu, loom::single_device, loom::fp32> fabric;
   auto any = loom::make_fabric({.accelerator = "cpu", .strategy = "single_device", .precision = "32-true"});
-  auto static_step = fabric_step(fabric);
-  auto erased_step = fabric_step(any);
-  paired_ratio(state, static_step, erased_step);
-}
-
-void BM_pair_fabric_bf16_mixed_vs_raw_autocast(benchmark::State& state) {
-  at::manual_seed(0);
-  raw_step raw(true);
-  loom::Fabric<loom::cpu, loom::single_device, loom::bf16_mixed> fabric;
-  auto step = fabric_step(fabric);
-  paired_ratio(state, raw, step);
+  paired_ratio(state, fabric_step(fabric), fabric_step(any));
 }
 
 BENCHMARK(BM_step_raw)->Unit(benchmark::kMicrosecond);
