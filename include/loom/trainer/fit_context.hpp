@@ -26,7 +26,7 @@ class lr_scheduler;
 template <class>
 class trainer;
 namespace detail {
-template <class, class, class, class, class, class>
+template <class, class, class, class, class>
 class fit_loop;
 }
 
@@ -77,7 +77,7 @@ class fit_context {
  private:
   template <class>
   friend class trainer;
-  template <class, class, class, class, class, class>
+  template <class, class, class, class, class>
   friend class detail::fit_loop;
 
   std::int64_t epoch_ = 0;

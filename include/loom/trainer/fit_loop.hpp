@@ -112,7 +112,7 @@ inline const at::Tensor& loss_of(const step_output& output) {
   return output.loss;
 }
 
-template <class FabricType, class Impl, class Model, class Optimizer, class TrainLoader, class ValLoader>
+template <class FabricType, class Model, class Optimizer, class TrainLoader, class ValLoader>
 class fit_loop {
  public:
   static constexpr bool has_validation = !std::is_same_v<ValLoader, std::nullptr_t>;

@@ -115,7 +115,7 @@ class trainer {
 
     auto run = [&](auto* val) {
       using val_loader_t = std::remove_pointer_t<decltype(val)>;
-      detail::fit_loop<FabricType, impl_type, decltype(model), decltype(optimizer), train_loader_t, val_loader_t> loop(
+      detail::fit_loop<FabricType, decltype(model), decltype(optimizer), train_loader_t, val_loader_t> loop(
           *fabric_, options_, context_, bar_, model, optimizer, scheduler, optimization.interval,
           optimization.frequency, train, val);
       context_.save_ = [&loop](const std::string& path) { loop.save_to(path); };
