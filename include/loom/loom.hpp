@@ -8,8 +8,11 @@
 #include <loom/checkpoint/io.hpp>
 #include <loom/checkpoint/state.hpp>
 #include <loom/cluster/environment.hpp>
+#include <loom/comm/capabilities.hpp>
+#include <loom/comm/device_mesh.hpp>
 #include <loom/comm/process_group.hpp>
 #include <loom/comm/reduce_op.hpp>
+#include <loom/comm/work.hpp>
 #include <loom/compat.hpp>
 #include <loom/compatibility.hpp>
 #include <loom/concepts.hpp>

@@ -6,7 +6,6 @@
 #include <loom/comm/process_group.hpp>
 #include <loom/compat_c10d.hpp>
 #include <loom/errors.hpp>
-#include <loom/strategy/collectives.hpp>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
@@ -129,11 +128,7 @@ std::string error_text(const std::exception& error) {
 // later call waits on peers that are gone.
 template <class Body>
 void guarded(process_group_state& state, const char* operation, Body&& body) {
-  if (state.is_broken.load(std::memory_order_acquire)) {
-    std::lock_guard<std::mutex> lock(state.broken_mutex);
-    throw peer_error(std::string(operation) + ": the process group is unusable after an earlier failure: " +
-                     state.broken);
-  }
+  check_usable(state, operation);
   try {
     body();
   } catch (const peer_error&) {
@@ -143,16 +138,7 @@ void guarded(process_group_state& state, const char* operation, Body&& body) {
   }
 }
 
-c10d::ReduceOp native_op(reduce_op op) {
-  switch (op) {
-    case reduce_op::sum:
-    case reduce_op::mean: return c10d::ReduceOp(c10d::ReduceOp::SUM);
-    case reduce_op::min: return c10d::ReduceOp(c10d::ReduceOp::MIN);
-    case reduce_op::max: return c10d::ReduceOp(c10d::ReduceOp::MAX);
-    case reduce_op::product: return c10d::ReduceOp(c10d::ReduceOp::PRODUCT);
-  }
-  return c10d::ReduceOp(c10d::ReduceOp::SUM);
-}
+}  // namespace
 
 // Gloo reduces and moves float, double, half and the integer types; bf16
 // travels as float (exact for the values, and summed more precisely). Other
@@ -180,6 +166,8 @@ at::Tensor wire_tensor(const process_group_state& state, const at::Tensor& tenso
                             " tensors; accepted: float, double, half, bfloat16 (sent as float), int8, uint8, int32, "
                             "int64. Convert the tensor first.");
 }
+
+namespace {
 
 std::shared_ptr<::gloo::transport::Device> gloo_device(const group_options& options) {
   if (const char* interface = std::getenv("GLOO_SOCKET_IFNAME"); interface != nullptr && *interface != '\0') {
@@ -223,6 +211,7 @@ std::shared_ptr<process_group_state> build(c10::intrusive_ptr<c10d::Store> root,
   state->global_ranks = std::move(global_ranks);
   state->group_name = name;
   state->where = where;
+  state->emulation.store(options.emulation, std::memory_order_relaxed);
   auto store = c10::make_intrusive<c10d::PrefixStore>("loom/" + name + "/", root);
   // Who is who, so that a failure can name the rank that went away.
   const std::string identity = hostname() + " " + std::to_string(::getpid());
@@ -244,6 +233,22 @@ std::shared_ptr<process_group_state> build(c10::intrusive_ptr<c10d::Store> root,
 
 }  // namespace
 
+void check_usable(process_group_state& state, const char* operation) {
+  if (state.is_broken.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(state.broken_mutex);
+    throw peer_error(std::string(operation) + ": the process group is unusable after an earlier failure: " +
+                     state.broken);
+  }
+}
+
+void check_mean_dtype(const at::Tensor& tensor, reduce_op op) {
+  if (op == reduce_op::mean && !tensor.is_floating_point() && !tensor.is_complex()) {
+    throw configuration_error(std::string("all_reduce(mean) of a ") + c10::toString(tensor.scalar_type()) +
+                              " tensor: a mean is computed as a sum divided by the world size, which needs a "
+                              "floating-point tensor. Convert it (tensor.to(at::kFloat)) or reduce with sum.");
+  }
+}
+
 peer_error failed(process_group_state& state, const char* operation, const std::exception& error) {
   std::string message = diagnose(state, operation, error_text(error));
   std::lock_guard<std::mutex> lock(state.broken_mutex);
@@ -262,7 +267,16 @@ c10::intrusive_ptr<c10d::ProcessGroup> native_group(process_group_state& state) 
 
 std::uint64_t process_group::collectives_issued() const {
   if (!state_) return 0;
-  return state_->backend->getSequenceNumberForGroup() - state_->first_sequence_number;
+  return state_->backend->getSequenceNumberForGroup() - state_->first_sequence_number +
+         state_->emulated_collectives.load(std::memory_order_relaxed);
+}
+
+comm::emulation process_group::emulation() const noexcept {
+  return state_ ? state_->emulation.load(std::memory_order_relaxed) : group_options{}.emulation;
+}
+
+void process_group::set_emulation(comm::emulation choice) {
+  if (state_) state_->emulation.store(choice, std::memory_order_relaxed);
 }
 
 int process_group::rank() const noexcept { return state_ ? state_->rank : 0; }
@@ -339,38 +353,6 @@ process_group process_group::connect(const rendezvous& where, int rank, int worl
                      std::to_string(options.timeout.count()) + " ms (did every rank start?). (c10d: " +
                      error_text(error) + ")");
   }
-}
-
-void process_group::all_reduce(at::Tensor& tensor, reduce_op op) {
-  collectives::check_mean_dtype(tensor, op);
-  if (!state_) return;
-  auto& state = *state_;
-  auto& buffers = state.single;
-  buffers[0] = wire_tensor(state, tensor, "all_reduce");
-  const bool direct = buffers[0].is_same(tensor);
-  c10d::AllreduceOptions options;
-  options.reduceOp = native_op(op);
-  options.timeout = state.options.timeout;
-  guarded(state, "all_reduce", [&] { state.backend->allreduce(buffers, options)->wait(); });
-  if (op == reduce_op::mean) buffers[0].div_(state.size);
-  if (!direct) tensor.copy_(buffers[0]);
-  buffers[0] = at::Tensor();  // keep no reference to the caller's tensor
-}
-
-void process_group::broadcast(at::Tensor& tensor, int source) {
-  if (!state_) return;
-  auto& state = *state_;
-  if (source < 0 || source >= state.size) {
-    throw configuration_error("broadcast: source rank " + std::to_string(source) + " is not in a group of " +
-                              std::to_string(state.size));
-  }
-  std::vector<at::Tensor> buffers{wire_tensor(state, tensor, "broadcast")};
-  const bool direct = buffers[0].is_same(tensor);
-  c10d::BroadcastOptions options;
-  options.rootRank = source;
-  options.timeout = state.options.timeout;
-  guarded(state, "broadcast", [&] { state.backend->broadcast(buffers, options)->wait(); });
-  if (!direct) tensor.copy_(buffers[0]);
 }
 
 namespace {
@@ -460,36 +442,6 @@ at::Tensor process_group::all_gather_stacked(const at::Tensor& tensor) {
   options.timeout = state.options.timeout;
   guarded(state, "all_gather", [&] { state.backend->allgather(outputs, input, options)->wait(); });
   return output.to(tensor.scalar_type());
-}
-
-at::Tensor process_group::reduce_scatter(const at::Tensor& input, reduce_op op) {
-  collectives::check_mean_dtype(input, op);
-  const int world = size();
-  if (input.dim() == 0 || input.size(0) % world != 0) {
-    throw configuration_error("reduce_scatter: the input's first dimension (" +
-                              std::to_string(input.dim() ? input.size(0) : 0) + ") must be a multiple of the group size " +
-                              std::to_string(world));
-  }
-  const int64_t rows = input.size(0) / world;
-  if (!state_) return input.clone();
-  auto& state = *state_;
-  if (state.kind == backend::nccl) {
-    at::Tensor output = at::empty_like(input.narrow(0, 0, rows)).contiguous();
-    std::vector<at::Tensor> outputs{output};
-    std::vector<std::vector<at::Tensor>> inputs(1);
-    const auto chunks = input.contiguous().chunk(world, 0);
-    inputs[0].assign(chunks.begin(), chunks.end());
-    c10d::ReduceScatterOptions options;
-    options.reduceOp = native_op(op);
-    options.timeout = state.options.timeout;
-    guarded(state, "reduce_scatter", [&] { state.backend->reduce_scatter(outputs, inputs, options)->wait(); });
-    if (op == reduce_op::mean) output.div_(world);
-    return output;
-  }
-  // Gloo (1.13) has no reduce_scatter: all_reduce a copy, keep this rank's rows.
-  at::Tensor reduced = input.contiguous().clone();
-  all_reduce(reduced, op);
-  return reduced.narrow(0, rows * state.rank, rows).clone();
 }
 
 void process_group::barrier() {

@@ -7,6 +7,7 @@
 #include <loom/errors.hpp>
 
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -16,6 +17,36 @@ namespace loom::comm {
 struct peer_identity {
   std::string host;
   long pid = 0;
+};
+
+// One asynchronous collective in flight: c10d's pending works and the local
+// step that completes the result once they are done. Slots are pooled per
+// group and keep their scratch buffers, so a warm group allocates no tensor
+// storage per call.
+struct work_slot {
+  // Reduce the ranks' chunks (point-to-point or alltoall emulation) into out.
+  struct reduction {
+    at::Tensor out;
+    at::Tensor own;         // this rank's chunk of the input (not sent)
+    int64_t received = 0;   // index into scratch: [size, n] chunks by source rank
+    reduce_op op = reduce_op::sum;
+  };
+  // Copy a wire tensor back into the caller's (bf16 reduced as float, a
+  // non-contiguous input), dividing first for a mean.
+  struct copy_back {
+    at::Tensor target;
+    at::Tensor wire;
+    bool divide = false;
+  };
+
+  const char* operation = "";
+  std::vector<c10::intrusive_ptr<c10d::Work>> pending;
+  std::vector<reduction> reductions;
+  std::vector<copy_back> copies;
+  std::vector<at::Tensor> scratch;       // kept across uses, grown on demand
+  at::Tensor accumulator;                // fp32 sums of bf16/fp16 chunks, kept across uses
+  std::vector<at::Tensor> arguments{at::Tensor()};  // the one-tensor list c10d's API takes
+  std::vector<std::vector<at::Tensor>> list_arguments{std::vector<at::Tensor>()};
 };
 
 struct process_group_state {
@@ -34,12 +65,25 @@ struct process_group_state {
   std::atomic<bool> is_broken{false};
   std::string broken;  // why the group is unusable; set once, before is_broken
   std::mutex broken_mutex;
-  // The one-tensor list c10d's API takes, kept so an all_reduce allocates
-  // nothing of loom's own (c10d's Work objects are c10d's).
-  std::vector<at::Tensor> single{at::Tensor()};
   rendezvous where;
   std::uint64_t first_sequence_number = 0;
+  // Collectives loom builds from point-to-point messages, which c10d's
+  // sequence number does not count.
+  std::atomic<std::uint64_t> emulated_collectives{0};
+  std::atomic<comm::emulation> emulation{comm::emulation::point_to_point};
+  std::mutex slots_mutex;
+  std::vector<std::unique_ptr<work_slot>> slots;
+  std::vector<work_slot*> free_slots;
 };
+
+// Whether Gloo moves and reduces dtype natively.
+bool gloo_supports(c10::ScalarType dtype);
+// The tensor as the backend can take it: itself (made contiguous), or a float
+// copy of a bf16 one. Refuses dtypes the backend cannot move.
+at::Tensor wire_tensor(const process_group_state& state, const at::Tensor& tensor, const char* operation);
+
+// Throws loom::peer_error when an earlier failure left the group unusable.
+void check_usable(process_group_state& state, const char* operation);
 
 // Marks the group unusable after a failed operation and returns the error
 // that names the rank that went away (what every loom collective throws).

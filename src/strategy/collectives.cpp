@@ -50,14 +50,6 @@ struct all_gather_function : torch::autograd::Function<all_gather_function> {
 
 }  // namespace
 
-void check_mean_dtype(const at::Tensor& tensor, reduce_op op) {
-  if (op == reduce_op::mean && !tensor.is_floating_point() && !tensor.is_complex()) {
-    throw configuration_error(std::string("all_reduce(mean) of a ") + c10::toString(tensor.scalar_type()) +
-                              " tensor: a mean is computed as a sum divided by the world size, which needs a "
-                              "floating-point tensor. Convert it (tensor.to(at::kFloat)) or reduce with sum.");
-  }
-}
-
 at::Tensor all_gather_with_grad(comm::process_group& group, const at::Tensor& tensor) {
   if (!group.valid()) return tensor.unsqueeze(0);
   return all_gather_function::apply(tensor, remember(group));

@@ -3,8 +3,10 @@
 // computed by hand, or plays the part a fault test needs. Exit status 0 means
 // every check on this rank passed.
 //
-//   dist_worker collectives | launch_self N | fork N | allreduce_loop | hang | rendezvous | listen_check
+//   dist_worker collectives | comm | launch_self N | fork N | allreduce_loop | hang | rendezvous | listen_check
 #include <loom/loom.hpp>
+
+#include <c10/core/CPUAllocator.h>
 
 #include <torch/nn/modules/linear.h>
 
@@ -13,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <atomic>
 #include <map>
 #include <sstream>
 #include <string>
@@ -184,6 +187,221 @@ void check_collectives(Fabric& fabric) {
 }
 
 template <class Fabric>
+int report(Fabric& fabric, const char* what);
+
+// ---------------------------------------------------------------- comm/
+// Counts the CPU allocator's allocations, to show the fixed-shape
+// collectives allocate no tensor storage per call once warm.
+struct counting_allocator final : c10::Allocator {
+  c10::Allocator* inner = nullptr;
+  mutable std::atomic<long> allocations{0};
+  c10::DataPtr allocate(size_t bytes) const override {
+    allocations.fetch_add(1, std::memory_order_relaxed);
+    return inner->allocate(bytes);
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return inner->raw_deleter(); }
+#if LOOM_TORCH_VERSION_AT_LEAST(2, 3)
+  void copy_data(void* dest, const void* src, std::size_t count) const override { inner->copy_data(dest, src, count); }
+#endif
+};
+counting_allocator cpu_allocations;
+
+template <class F>
+bool refused_with(F&& call, const char* needle) {
+  try {
+    call();
+  } catch (const loom::configuration_error& error) {
+    return std::string(error.what()).find(needle) != std::string::npos;
+  }
+  return false;
+}
+
+// Bits of a 16-bit float tensor, for bit-exact comparisons (NaN included).
+at::Tensor bits(const at::Tensor& tensor) { return tensor.contiguous().view(at::kShort); }
+
+// Every entry point of comm::process_group's fixed-shape and asynchronous
+// collectives, for one dtype and one emulation. Rank r contributes small
+// integers (exact in bf16 and fp16), so every expectation is exact.
+void check_comm_dtype(loom::comm::process_group& group, c10::ScalarType dtype, loom::comm::emulation emulation) {
+  const int r = group.rank();
+  const int w = group.size();
+  group.set_emulation(emulation);
+  const std::string what = std::string(c10::toString(dtype)) +
+                           (emulation == loom::comm::emulation::alltoall ? " (alltoall)" : " (point-to-point)");
+  auto label = [&what](const char* text) { return std::string(text) + ", " + what; };
+  const int64_t n = 3;
+  const auto options = at::TensorOptions().dtype(dtype);
+  auto values_of = [&](int rank) { return (at::arange(n, at::kLong) + 10 * (rank + 1)).to(dtype); };
+
+  // all_gather_into, and in place (the input is the output's own chunk).
+  at::Tensor gathered = at::empty({w * n}, options);
+  const auto issued = group.collectives_issued();
+  group.all_gather_into(gathered, values_of(r)).wait();
+  EXPECT(group.collectives_issued() - issued == (w > 1 ? 1u : 0u), label("all_gather_into is one collective").c_str());
+  std::vector<at::Tensor> expected_chunks;
+  for (int k = 0; k < w; ++k) expected_chunks.push_back(values_of(k));
+  const at::Tensor expected_gather = at::cat(expected_chunks);
+  EXPECT(torch::equal(gathered, expected_gather), label("all_gather_into").c_str());
+  at::Tensor in_place = at::zeros({w * n}, options);
+  in_place.narrow(0, r * n, n).copy_(values_of(r));
+  group.all_gather_into(in_place, in_place.narrow(0, r * n, n)).wait();
+  EXPECT(torch::equal(in_place, expected_gather), label("all_gather_into in place").c_str());
+
+  // reduce_scatter_into: rank r's input is (r + 1) * (1, 2, ..., w n); this
+  // rank receives chunk r of the reduction.
+  const at::Tensor base = at::arange(1, w * n + 1, at::kLong);
+  const at::Tensor input = (base * (r + 1)).to(dtype);
+  const at::Tensor mine = base.narrow(0, r * n, n);
+  const int64_t rank_sum = w * (w + 1) / 2;
+  at::Tensor scattered = at::empty({n}, options);
+  const auto issued_scatter = group.collectives_issued();
+  group.reduce_scatter_into(scattered, input, loom::reduce_op::sum).wait();
+  EXPECT(group.collectives_issued() - issued_scatter == (w > 1 ? 1u : 0u),
+         label("reduce_scatter_into is one collective").c_str());
+  EXPECT(torch::equal(scattered, (mine * rank_sum).to(dtype)), label("reduce_scatter_into sum").c_str());
+  group.reduce_scatter_into(scattered, input, loom::reduce_op::min).wait();
+  EXPECT(torch::equal(scattered, mine.to(dtype)), label("reduce_scatter_into min").c_str());
+  group.reduce_scatter_into(scattered, input, loom::reduce_op::max).wait();
+  EXPECT(torch::equal(scattered, (mine * w).to(dtype)), label("reduce_scatter_into max").c_str());
+  if (at::isFloatingType(dtype)) {
+    group.reduce_scatter_into(scattered, input, loom::reduce_op::mean).wait();
+    EXPECT(torch::allclose(scattered.to(at::kDouble), mine.to(at::kDouble) * rank_sum / w),
+           label("reduce_scatter_into mean").c_str());
+  } else {
+    EXPECT(refused_with([&] { group.reduce_scatter_into(scattered, input, loom::reduce_op::mean).wait(); },
+                        "floating-point"),
+           label("reduce_scatter_into mean of integers is refused").c_str());
+  }
+  at::Tensor in_place_input = input.clone();
+  at::Tensor own_chunk = in_place_input.narrow(0, r * n, n);
+  group.reduce_scatter_into(own_chunk, in_place_input, loom::reduce_op::sum).wait();
+  EXPECT(torch::equal(own_chunk, (mine * rank_sum).to(dtype)), label("reduce_scatter_into in place").c_str());
+
+  // Coalesced: two buffers of different sizes under one handle.
+  at::Tensor small_out = at::empty({w * 1}, options), large_out = at::empty({w * 5}, options);
+  const std::vector<at::Tensor> gather_outs{small_out, large_out};
+  const std::vector<at::Tensor> gather_ins{at::full({1}, r + 1, options), at::full({5}, 2 * (r + 1), options)};
+  group.all_gather_into(gather_outs, gather_ins).wait();
+  EXPECT(torch::equal(small_out, (at::arange(w, at::kLong) + 1).to(dtype)) &&
+             torch::equal(large_out, ((at::arange(w, at::kLong) + 1) * 2).repeat_interleave(5).to(dtype)),
+         label("all_gather_into coalesced").c_str());
+  at::Tensor scatter_a = at::empty({1}, options), scatter_b = at::empty({2}, options);
+  const std::vector<at::Tensor> scatter_outs{scatter_a, scatter_b};
+  const std::vector<at::Tensor> scatter_ins{at::full({w * 1}, r + 1, options), at::full({w * 2}, 1, options)};
+  group.reduce_scatter_into(scatter_outs, scatter_ins, loom::reduce_op::sum).wait();
+  EXPECT(torch::equal(scatter_a, at::full({1}, rank_sum, options)) && torch::equal(scatter_b, at::full({2}, w, options)),
+         label("reduce_scatter_into coalesced").c_str());
+
+  // all_reduce_async and broadcast_async, in place.
+  at::Tensor reduced = at::full({4}, r + 1, options);
+  auto pending = group.all_reduce_async(reduced, loom::reduce_op::sum);
+  pending.wait();
+  EXPECT(torch::equal(reduced, at::full({4}, rank_sum, options)), label("all_reduce_async").c_str());
+  at::Tensor broadcasted = at::full({4}, r, options);
+  group.broadcast_async(broadcasted, w - 1).wait();
+  EXPECT(torch::equal(broadcasted, at::full({4}, w - 1, options)), label("broadcast_async").c_str());
+
+  // Wrong sizes are refused before anything is sent; the group stays usable.
+  at::Tensor wrong = at::empty({w * n + 1}, options);
+  EXPECT(w == 1 || refused_with([&] { group.all_gather_into(wrong, values_of(r)).wait(); }, "group size"),
+         label("all_gather_into refuses a wrong output size").c_str());
+  EXPECT(refused_with([&] { group.reduce_scatter_into(at::empty({n}, at::kDouble), input).wait(); }, "dtype"),
+         label("reduce_scatter_into refuses mixed dtypes").c_str());
+  group.all_gather_into(gathered, values_of(r)).wait();
+  EXPECT(torch::equal(gathered, expected_gather), label("the group works after refused calls").c_str());
+}
+
+int run_comm() {
+  cpu_allocations.inner = c10::GetDefaultCPUAllocator();
+  c10::SetCPUAllocator(&cpu_allocations, /*priority=*/100);
+  loom::Fabric<loom::cpu, loom::parallel> fabric({}, loom::parallel(loom::parallel_options{.timeout = timeout_from_env()}));
+  fabric.launch();
+  auto& group = fabric.strategy().group();
+  const int r = group.rank();
+  const int w = group.size();
+  rank_for_messages = r;
+  EXPECT(group.capabilities().name == "gloo" && !group.capabilities().reduce_scatter &&
+             !group.capabilities().bf16_collectives,
+         "Gloo's row of the capability table");
+  for (auto emulation : {loom::comm::emulation::point_to_point, loom::comm::emulation::alltoall}) {
+    for (auto dtype : {at::kFloat, at::kHalf, at::kBFloat16, at::kLong}) check_comm_dtype(group, dtype, emulation);
+  }
+  group.set_emulation(loom::comm::emulation::point_to_point);
+
+  // bf16 moves bit-exact (as a float16 view): NaN, infinities and -0.
+  const at::Tensor special =
+      at::tensor({std::nan(""), INFINITY, -INFINITY, -0.0, 1.0 + r / 128.0}, at::kFloat).to(at::kBFloat16);
+  at::Tensor special_out = at::empty({w * 5}, at::kBFloat16);
+  group.all_gather_into(special_out, special).wait();
+  EXPECT(torch::equal(bits(special_out.narrow(0, r * 5, 5)), bits(special)) &&
+             torch::equal(bits(special_out.narrow(0, 0, 4)), bits(special.narrow(0, 0, 4))),
+         "bf16 all_gather_into is bit-exact (NaN, Inf, -0)");
+  at::Tensor special_broadcast = special.clone();
+  group.broadcast_async(special_broadcast, 0).wait();
+  EXPECT(torch::equal(bits(special_broadcast.narrow(0, 0, 4)), bits(special.narrow(0, 0, 4))),
+         "bf16 broadcast is bit-exact");
+
+  // bf16 reductions accumulate in fp32 and round once: w copies of
+  // 1 + 2^-8 sum to w + w 2^-8, which bf16 rounds once; summing in bf16
+  // would lose the small part at every step.
+  const at::Tensor fine = at::full({w}, 1.0 + 1.0 / 256, at::kFloat);
+  at::Tensor fine_out = at::empty({1}, at::kBFloat16);
+  group.reduce_scatter_into(fine_out, fine.to(at::kBFloat16), loom::reduce_op::sum).wait();
+  EXPECT(torch::equal(fine_out, fine.to(at::kBFloat16).to(at::kFloat).narrow(0, 0, 1).mul(w).to(at::kBFloat16)),
+         "bf16 reduce_scatter_into sums in fp32 and rounds once");
+
+  // No tensor storage per call once warm (point-to-point emulation).
+  at::Tensor warm_out = at::empty({w * 1024}), warm_in = at::ones({1024}), warm_rs = at::empty({1024});
+  at::Tensor warm_rs_in = at::ones({w * 1024});
+  for (int round = 0; round < 2; ++round) {
+    group.all_gather_into(warm_out, warm_in).wait();
+    group.reduce_scatter_into(warm_rs, warm_rs_in).wait();
+  }
+  const long before = cpu_allocations.allocations.load();
+  for (int round = 0; round < 10; ++round) {
+    group.all_gather_into(warm_out, warm_in).wait();
+    group.reduce_scatter_into(warm_rs, warm_rs_in).wait();
+  }
+  const long allocated = cpu_allocations.allocations.load() - before;
+  EXPECT(allocated == 0, "all_gather_into / reduce_scatter_into allocate no tensor storage once warm");
+  if (r == 0) std::printf("comm: %ld tensor allocations in 20 warm fixed-shape collectives\n", allocated);
+
+  // Two outstanding handles: on one group, waited in reverse order; and on
+  // the two dimensions of a mesh, waited in reverse order.
+  at::Tensor first = at::empty({w}), second = at::empty({w});
+  auto first_handle = group.all_gather_into(first, at::full({1}, r, at::kFloat));
+  auto second_handle = group.all_gather_into(second, at::full({1}, 2 * r, at::kFloat));
+  second_handle.wait();
+  first_handle.wait();
+  EXPECT(torch::equal(first, at::arange(w, at::kFloat)) && torch::equal(second, at::arange(w, at::kFloat) * 2),
+         "two handles on one group, waited in reverse order");
+  const int outer = w % 2 == 0 ? w / 2 : w;
+  const int inner = w / outer;
+  loom::comm::device_mesh mesh(group, {outer, inner}, {"data_parallel", "tensor_parallel"});
+  EXPECT(mesh.coordinate("data_parallel") == r / inner && mesh.coordinate("tensor_parallel") == r % inner &&
+             mesh.size("data_parallel") == outer && mesh.size("tensor_parallel") == inner,
+         "mesh coordinates are row-major");
+  auto& dp = mesh.group("data_parallel");
+  auto& tp = mesh.group("tensor_parallel");
+  EXPECT(dp.size() == outer && tp.size() == inner, "mesh sub-group sizes");
+  at::Tensor dp_out = at::empty({outer});
+  at::Tensor tp_out = at::empty({1});
+  auto dp_handle = dp.all_gather_into(dp_out, at::full({1}, r, at::kFloat));
+  auto tp_handle = tp.reduce_scatter_into(tp_out, at::full({inner}, r, at::kFloat), loom::reduce_op::sum);
+  tp_handle.wait();
+  dp_handle.wait();
+  at::Tensor dp_expected = at::arange(outer, at::kFloat) * inner + r % inner;
+  const double tp_expected = inner * (r / inner) * inner + inner * (inner - 1) / 2.0;
+  EXPECT(torch::equal(dp_out, dp_expected), "all_gather_into on the data_parallel dimension");
+  EXPECT(torch::equal(tp_out, at::full({1}, tp_expected)), "reduce_scatter_into on the tensor_parallel dimension");
+  EXPECT(refused_with([&] { (void)mesh.group("pipeline"); }, "data_parallel, tensor_parallel"),
+         "an unknown mesh dimension lists the known ones");
+  EXPECT(refused_with([&] { loom::comm::device_mesh(group, {w, 2}, {"a", "b"}); }, "multiply to the world size"),
+         "a mesh that does not cover the world is refused");
+  return report(fabric, "comm");
+}
+
+template <class Fabric>
 int report(Fabric& fabric, const char* what) {
   const bool everyone = fabric.reduce_boolean_decision(failures == 0, /*all=*/true);
   if (fabric.is_global_zero()) {
@@ -329,6 +547,7 @@ int main(int argc, char** argv) {
   const int devices = argc > 2 ? std::atoi(argv[2]) : 2;
   try {
     if (scenario == "collectives") return run_collectives();
+    if (scenario == "comm") return run_comm();
     if (scenario == "launch_self") return run_launch_self(devices);
     if (scenario == "fork") return run_fork(devices);
     if (scenario == "launch_kill") return run_launch_kill(devices);

@@ -4,7 +4,9 @@
 // The c10d headers stay in src/: this header needs only ATen.
 #pragma once
 
+#include <loom/comm/capabilities.hpp>
 #include <loom/comm/reduce_op.hpp>
+#include <loom/comm/work.hpp>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
@@ -13,12 +15,11 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 namespace loom::comm {
-
-enum class backend { gloo, nccl };
 
 // Where the ranks meet. A file store (in a private directory) when file_path
 // is set: nothing listens on the network. Else c10d's TCPStore at
@@ -35,6 +36,9 @@ struct group_options {
   // Gloo's sockets on 127.0.0.1 (single-node jobs). GLOO_SOCKET_IFNAME, when
   // set, names the interface instead, as in torch.
   bool loopback_only = true;
+  // How reduce_scatter_into / all_gather_into run where the backend has no
+  // native form (Gloo).
+  comm::emulation emulation = comm::emulation::point_to_point;
 };
 
 struct process_group_state;
@@ -64,6 +68,34 @@ class process_group {
   // the reduction. Gloo: all_reduce then narrow; NCCL: native.
   at::Tensor reduce_scatter(const at::Tensor& input, reduce_op op = reduce_op::sum);
   void barrier();
+
+  // ---- Fixed-shape collectives for sharding: the caller owns both buffers
+  // (contiguous, same dtype), nothing is exchanged about shapes, and no
+  // tensor is allocated per call once the group is warm. Every rank issues
+  // one group's collectives in the same program order; handles on different
+  // groups may be waited in any order.
+  //
+  // out holds size() * in.numel() elements: rank k's input lands in its k-th
+  // chunk. `in` may be out's own chunk (in-place gather).
+  work all_gather_into(const at::Tensor& out, const at::Tensor& in);
+  // in holds size() * out.numel() elements; out gets the reduction over the
+  // ranks of every rank's chunk rank(), summed in rank order (bf16 and fp16
+  // accumulate in fp32 and round once). out may be in's own chunk.
+  work reduce_scatter_into(const at::Tensor& out, const at::Tensor& in, reduce_op op = reduce_op::sum);
+  // Several buffers under one handle (outs[i] with ins[i], as above).
+  work all_gather_into(std::span<const at::Tensor> outs, std::span<const at::Tensor> ins);
+  work reduce_scatter_into(std::span<const at::Tensor> outs, std::span<const at::Tensor> ins,
+                           reduce_op op = reduce_op::sum);
+  // all_reduce and broadcast in place, asynchronously.
+  work all_reduce_async(const at::Tensor& tensor, reduce_op op = reduce_op::sum);
+  work broadcast_async(const at::Tensor& tensor, int source = 0);
+
+  // What the backend has natively (and so what loom emulates).
+  backend_capabilities capabilities() const noexcept { return capabilities_of(kind()); }
+  // The emulation used where the backend lacks a collective (benchmarks switch it).
+  comm::emulation emulation() const noexcept;
+  void set_emulation(comm::emulation choice);
+
   // Any IValue (numbers, strings, lists, dicts, tensors) from source to all,
   // through LibTorch's pickler.
   c10::IValue broadcast_object(const c10::IValue& value, int source = 0);
@@ -85,6 +117,10 @@ class process_group {
   explicit process_group(std::shared_ptr<process_group_state> state) : state_(std::move(state)) {}
   std::shared_ptr<process_group_state> state_;
 };
+
+// A mean is a sum divided by the group size: floating tensors only (a
+// configuration_error otherwise, before anything is sent).
+void check_mean_dtype(const at::Tensor& tensor, reduce_op op);
 
 // A TCP port that was free a moment ago on 127.0.0.1 (for tests and launchers).
 int find_free_port();

@@ -11,8 +11,7 @@
 
 namespace loom::collectives {
 
-// A mean is a sum divided by the world size: floating tensors only.
-void check_mean_dtype(const at::Tensor& tensor, reduce_op op);
+using comm::check_mean_dtype;
 
 // Returns the reduced values; the inputs are left as they were.
 template <class T>

@@ -1,0 +1,13 @@
+#!/bin/sh
+# comm/'s fixed-shape and asynchronous collectives on real processes: every
+# entry point with fp32, fp16, bf16 and int64, both Gloo emulations, mesh
+# sub-groups, handles waited out of order, no allocation once warm.
+. "$(dirname "$0")/common.sh"
+for n in 2 4; do
+  timeout 120 "$LOOM_RUN" --accelerator cpu --devices $n "$WORKER" comm 0 "$MARK" > "$WORK/out$n" 2>&1
+  status=$?
+  [ $status -eq 0 ] && expect_contains "$WORK/out$n" "comm: world_size=$n all checks passed" "comm/ on $n ranks" ||
+    { fail "comm/ on $n ranks exited $status"; cat "$WORK/out$n"; }
+done
+expect_no_leftovers "comm"
+exit $failed
