@@ -9,6 +9,7 @@
 #pragma once
 
 #include <loom/checkpoint/io.hpp>
+#include <loom/compat.hpp>
 #include <loom/fabric_options.hpp>
 #include <loom/fabric_services.hpp>
 #include <loom/launch/run_launched.hpp>
@@ -19,6 +20,7 @@
 #include <loom/wrap/build_loader.hpp>
 #include <loom/wrap/module.hpp>
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -160,7 +162,16 @@ class AnyFabric {
 
   // ----------------------------------------------------------------- setup
   template <ModuleHolder Holder, class... Optimizers>
+  [[nodiscard("train through what setup returns")]]
   auto setup(Holder module, Optimizers&... optimizers) {
+    if constexpr (sizeof...(Optimizers) > 0) {
+      if (fabric_->needs_joint_setup()) {
+        const std::array<torch::optim::Optimizer*, sizeof...(Optimizers)> all{&optimizers...};
+        auto session = fabric_->setup_module_jointly(*module, all);
+        return std::tuple<any_module<Holder>, any_optimizer<Optimizers>...>(
+            any_module<Holder>(std::move(module), std::move(session)), wrap_optimizer(optimizers)...);
+      }
+    }
     auto wrapped = setup_module(std::move(module));
     if constexpr (sizeof...(Optimizers) == 0) {
       return wrapped;
@@ -170,22 +181,27 @@ class AnyFabric {
     }
   }
   template <ModuleHolder Holder>
-  any_module<Holder> setup_module(Holder module, bool move_to_device = true) {
+  [[nodiscard]] any_module<Holder> setup_module(Holder module, bool move_to_device = true) {
     auto session = fabric_->setup_module(*module, move_to_device);
     return any_module<Holder>(std::move(module), std::move(session));
   }
   template <class... Optimizers>
     requires(sizeof...(Optimizers) > 0)
-  auto setup_optimizers(Optimizers&... optimizers) {
+  [[nodiscard]] auto setup_optimizers(Optimizers&... optimizers) {
+    if (fabric_->needs_joint_setup()) {
+      throw configuration_error("setup_optimizers: strategy '" + strategy_name() +
+                                "' sets up the module and its optimizers together; call "
+                                "fabric.setup(module, optimizer...) instead.");
+    }
     if constexpr (sizeof...(Optimizers) == 1) return wrap_optimizer(optimizers...);
     else return std::tuple<any_optimizer<Optimizers>...>(wrap_optimizer(optimizers)...);
   }
   template <class Dataset>
-  auto setup_dataloaders(Dataset dataset, const loader_options& options) {
+  [[nodiscard]] auto setup_dataloaders(Dataset dataset, const loader_options& options) {
     return detail::build_loader(std::move(dataset), options, world_size(), global_rank(), device());
   }
   template <class Loader>
-  auto setup_dataloaders(std::unique_ptr<Loader> loader, bool move_to_device = true) {
+  [[nodiscard]] auto setup_dataloaders(std::unique_ptr<Loader> loader, bool move_to_device = true) {
     if (fabric_->needs_distributed_sampler()) {
       throw configuration_error("setup_dataloaders(loader): strategy '" + strategy_name() +
                                 "' shards data with a distributed sampler, which loom can insert only into a loader "
@@ -202,8 +218,10 @@ class AnyFabric {
                                        const clip_options& options) {
     detail::check_clip_options(options);
     fabric_->unscale_gradients(optimizer.optimizer(), optimizer.slot());
-    return detail::clip_gradient_values(module->parameters(), options);
+    return module.session().clip_gradients(*module, options);
   }
+
+  [[nodiscard("a guard acts only while it lives: name it (auto guard = ...)")]]
 
   any_guard autocast() const {
     return any_guard([this](any_guard& guard) { fabric_->autocast(guard); });
@@ -213,12 +231,15 @@ class AnyFabric {
   // Throws where the strategy cannot skip gradient synchronisation (the
   // static Fabric refuses that at compile time).
   template <class Holder>
+  [[nodiscard("a guard acts only while it lives: name it (auto guard = ...)")]]
   any_guard no_backward_sync(any_module<Holder>& module, bool enabled = true) {
     return any_guard([&](any_guard& guard) { module.session().no_backward_sync(guard, enabled); });
   }
+  [[nodiscard("a guard acts only while it lives: name it (auto guard = ...)")]]
   any_guard init_tensor() const {
     return any_guard([this](any_guard& guard) { fabric_->init_context(guard); });
   }
+  [[nodiscard("a guard acts only while it lives: name it (auto guard = ...)")]]
   any_guard init_module(bool /*empty_init*/ = false) const { return init_tensor(); }
 
   template <class T>
@@ -250,6 +271,7 @@ class AnyFabric {
   void print(const Args&... args) const {
     detail::print_on_zero(is_global_zero(), args...);
   }
+  [[nodiscard("a guard acts only while it lives: name it (auto guard = ...)")]]
   auto rank_zero_first() { return detail::rank_zero_first_guard<AnyFabric>(*this); }
 
   // ---------------------------------------------------------- collectives
@@ -261,14 +283,15 @@ class AnyFabric {
   }
   void all_reduce_(at::Tensor& tensor, reduce_op op = reduce_op::sum) { fabric_->all_reduce_(tensor, op); }
   template <class T>
-  auto all_gather(T&& value) {
-    return apply_to_collection(std::forward<T>(value), [this](const at::Tensor& t) { return fabric_->all_gather(t); });
+  auto all_gather(T&& value, bool sync_grads = false) {
+    return apply_to_collection(std::forward<T>(value), [this, sync_grads](const at::Tensor& t) {
+      return fabric_->all_gather(t, sync_grads);
+    });
   }
   template <class T>
-  auto all_gather_stacked(T&& value, bool sync_grads = false) {
-    return apply_to_collection(std::forward<T>(value), [this, sync_grads](const at::Tensor& t) {
-      return fabric_->all_gather_stacked(t, sync_grads);
-    });
+  auto all_gather_per_rank(T&& value) {
+    return apply_to_collection(std::forward<T>(value),
+                               [this](const at::Tensor& t) { return fabric_->all_gather_per_rank(t); });
   }
   template <class T>
   auto broadcast(T&& value, int source = 0) {

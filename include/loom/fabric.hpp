@@ -33,6 +33,8 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <array>
+#include <span>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -116,20 +118,32 @@ class Fabric {
   // ----------------------------------------------------------------- setup
   // The module converted to the precision and moved to the device, and each
   // optimizer wired to step through the strategy and precision. Returns the
-  // module alone when no optimizer is given, else a tuple.
+  // module alone when no optimizer is given, else a tuple. A strategy that
+  // needs_joint_setup (ZeRO) sets the module up together with its optimizers.
   template <ModuleHolder Holder, class... Optimizers>
+  [[nodiscard("train through what setup returns")]]
   auto setup(Holder module, Optimizers&... optimizers) {
-    auto wrapped = setup_module(std::move(module));
-    if constexpr (sizeof...(Optimizers) == 0) {
-      return wrapped;
+    if constexpr (needs_joint_setup<S>) {
+      static_assert(sizeof...(Optimizers) > 0,
+                    "loom::Fabric::setup: this strategy sets up the module and its optimizers together; pass them "
+                    "all: fabric.setup(module, optimizer...).");
+      const std::array<torch::optim::Optimizer*, sizeof...(Optimizers)> all{&optimizers...};
+      typename S::module_state state = setup_module_state_jointly(*module, all);
+      return std::tuple<module_type<Holder>, optimizer_type<Optimizers>...>(
+          module_type<Holder>(std::move(module), strategy_, precision_, std::move(state)), wrap_optimizer(optimizers)...);
     } else {
-      return std::tuple<module_type<Holder>, optimizer_type<Optimizers>...>(std::move(wrapped),
-                                                                            wrap_optimizer(optimizers)...);
+      auto wrapped = setup_module(std::move(module));
+      if constexpr (sizeof...(Optimizers) == 0) {
+        return wrapped;
+      } else {
+        return std::tuple<module_type<Holder>, optimizer_type<Optimizers>...>(std::move(wrapped),
+                                                                              wrap_optimizer(optimizers)...);
+      }
     }
   }
 
   template <ModuleHolder Holder>
-  module_type<Holder> setup_module(Holder module, bool move_to_device = true) {
+  [[nodiscard]] module_type<Holder> setup_module(Holder module, bool move_to_device = true) {
     static_assert(!needs_joint_setup<S>,
                   "loom::Fabric::setup_module: this strategy sets up the module and its optimizers together; call "
                   "fabric.setup(module, optimizer...) instead.");
@@ -140,13 +154,31 @@ class Fabric {
   // What setup_module does to the module itself (precision, device, the
   // strategy's per-module state), for wrappers other than fabric_module.
   typename S::module_state setup_module_state(torch::nn::Module& module, bool move_to_device = true) {
+    static_assert(!needs_joint_setup<S>,
+                  "loom::Fabric::setup_module_state: this strategy sets up the module and its optimizers together; "
+                  "use setup_module_state_jointly.");
     precision_.convert_module(module);
     return strategy_.setup_module(module, move_to_device);
   }
 
+  // What setup does to the module and optimizers of a needs_joint_setup
+  // strategy, for wrappers other than fabric_module (AnyFabric's).
+  typename S::module_state setup_module_state_jointly(torch::nn::Module& module,
+                                                      std::span<torch::optim::Optimizer* const> optimizers) {
+    static_assert(needs_joint_setup<S>,
+                  "loom::Fabric::setup_module_state_jointly: this strategy sets modules up alone; use "
+                  "setup_module_state.");
+    precision_.convert_module(module);
+    return strategy_.setup_module_and_optimizers(module, optimizers, /*move_to_device=*/true);
+  }
+
+  // The slot of the next optimizer set up (the precision keeps per-optimizer
+  // state by slot), for wrappers other than fabric_optimizer.
+  optimizer_slot next_optimizer_slot() noexcept { return optimizer_slot{next_optimizer_slot_++}; }
+
   template <class... Optimizers>
     requires(sizeof...(Optimizers) > 0)
-  auto setup_optimizers(Optimizers&... optimizers) {
+  [[nodiscard]] auto setup_optimizers(Optimizers&... optimizers) {
     static_assert(!needs_joint_setup<S>,
                   "loom::Fabric::setup_optimizers: this strategy sets up the module and its optimizers together; "
                   "call fabric.setup(module, optimizer...) instead.");
@@ -159,14 +191,14 @@ class Fabric {
   // loom::data::tensor_dataset), with the strategy's sampler; batches arrive
   // on the device.
   template <class Dataset>
-  auto setup_dataloaders(Dataset dataset, const loader_options& options) {
+  [[nodiscard]] auto setup_dataloaders(Dataset dataset, const loader_options& options) {
     return detail::build_loader(std::move(dataset), options, strategy_.world_size(), strategy_.global_rank(),
                                 strategy_.root_device());
   }
 
   // A loader the user built: batches are moved to the device, nothing else.
   template <class Loader>
-  auto setup_dataloaders(std::unique_ptr<Loader> loader, bool move_to_device = true) {
+  [[nodiscard]] auto setup_dataloaders(std::unique_ptr<Loader> loader, bool move_to_device = true) {
     static_assert(!needs_distributed_sampler<S>,
                   "loom::Fabric::setup_dataloaders(loader): this strategy shards data with a distributed sampler, "
                   "which loom can insert only into a loader it builds. Pass the dataset and loom::loader_options "
@@ -176,10 +208,13 @@ class Fabric {
   }
 
   // -------------------------------------------------------------- training
-  void backward(const at::Tensor& loss) { precision_.backward(loss); }
+  // Through the strategy (an engine may own backward), which asks the
+  // precision to scale the loss.
+  void backward(const at::Tensor& loss) { strategy_.backward(precision_, loss); }
 
-  // Unscales the gradients first (16-mixed), then clips by norm or by value.
-  // Returns the total norm when clipping by norm.
+  // Unscales the gradients first (16-mixed), then clips by norm or by value
+  // through the strategy (a sharded one reduces the norm over its shards).
+  // Returns the total norm of the whole model when clipping by norm.
   template <class Module, class Optimizer>
   std::optional<double> clip_gradients(Module& module, Optimizer& optimizer, const clip_options& options) {
     static_assert(is_fabric_module<Module> && is_fabric_optimizer<Optimizer>,
@@ -187,15 +222,17 @@ class Fabric {
                   "fabric.setup returned.");
     detail::check_clip_options(options);
     precision_.unscale_gradients(optimizer.optimizer(), optimizer.slot());
-    return detail::clip_gradient_values(module->parameters(), options);
+    return strategy_.clip_gradients(module.strategy_state(), *module, options);
   }
 
   // The precision's forward context, for code outside the wrapped forward.
+  [[nodiscard("a guard acts only while it lives: name it (auto guard = ...)")]]
   auto autocast() const { return precision_.forward_context(A::device_type); }
 
   // Under DDP, skips gradient synchronisation for the backward passes inside
   // the guard's lifetime. A compile error where the strategy cannot skip it.
   template <class Module>
+  [[nodiscard("a guard acts only while it lives: name it (auto guard = ...)")]]
   auto no_backward_sync(Module& module, bool enabled = true) {
     static_assert(supports_no_backward_sync<S>,
                   "loom::Fabric::no_backward_sync: this strategy cannot skip gradient synchronisation (it has no "
@@ -221,9 +258,11 @@ class Fabric {
 
   // While alive, new tensors and modules get the precision's dtype. LibTorch
   // 1.13 has no default device: modules are moved at setup.
+  [[nodiscard("a guard acts only while it lives: name it (auto guard = ...)")]]
   auto init_tensor() const { return precision_.init_context(); }
   // empty_init is accepted for Lightning parity; it has no effect until a
   // sharded strategy can skip the initialisation.
+  [[nodiscard("a guard acts only while it lives: name it (auto guard = ...)")]]
   auto init_module(bool /*empty_init*/ = false) const { return precision_.init_context(); }
 
   std::uint64_t seed_everything(std::optional<std::uint64_t> seed = std::nullopt) {
@@ -250,6 +289,7 @@ class Fabric {
 
   // Rank zero runs the guarded block first, the others wait for it (e.g. to
   // download or preprocess once).
+  [[nodiscard("a guard acts only while it lives: name it (auto guard = ...)")]]
   auto rank_zero_first() { return detail::rank_zero_first_guard<Fabric>(*this); }
 
   // ---------------------------------------------------------- collectives
@@ -262,16 +302,17 @@ class Fabric {
   }
   // In place, without a copy (the hot-path form).
   void all_reduce_(at::Tensor& tensor, reduce_op op = reduce_op::sum) { strategy_.all_reduce_(tensor, op); }
+  // Lightning's all_gather: each tensor becomes [world_size, ...] (equal
+  // shapes), or stays as it is on one process (no added dimension, as
+  // Lightning); with sync_grads the result keeps autograd across ranks.
+  template <class T>
+  auto all_gather(T&& value, bool sync_grads = false) {
+    return strategy_.all_gather(std::forward<T>(value), sync_grads);
+  }
   // Each tensor becomes a std::vector with one tensor per rank; shapes may differ across ranks.
   template <class T>
-  auto all_gather(T&& value) {
-    return strategy_.all_gather(std::forward<T>(value));
-  }
-  // Lightning's all_gather: each tensor becomes [world_size, ...] (equal shapes);
-  // with sync_grads the result keeps autograd across ranks.
-  template <class T>
-  auto all_gather_stacked(T&& value, bool sync_grads = false) {
-    return strategy_.all_gather_stacked(std::forward<T>(value), sync_grads);
+  auto all_gather_per_rank(T&& value) {
+    return strategy_.all_gather_per_rank(std::forward<T>(value));
   }
   template <class T>
   auto broadcast(T&& value, int source = 0) {
@@ -316,20 +357,17 @@ class Fabric {
   }
 
   // --------------------------------------------------------- checkpoints
-  // Written by global rank zero, atomically. Under 16-mixed the scaler's state
-  // is added as "precision".
+  // The strategy decides who writes what (the one-file strategies: global
+  // rank zero, atomically). Under 16-mixed the scaler's state is added as
+  // "precision".
   void save(const std::string& path, const state& checkpoint, const state_filter& filter = {}) {
-    if (is_global_zero()) {
-      state full = with_precision(checkpoint);
-      save_checkpoint(path, full, filter, metadata());
-    }
-    barrier();
+    strategy_.save_checkpoint(path, with_precision(checkpoint), filter, metadata());
   }
 
   // Restores every entry of checkpoint in place, all or nothing; returns what
   // the file holds beyond them.
   state load(const std::string& path, const state& checkpoint, bool strict = true) {
-    return load_checkpoint(path, with_precision(checkpoint), strict);
+    return strategy_.load_checkpoint(path, with_precision(checkpoint), strict);
   }
 
   // A state dict written by LibTorch (torch::save) or Python (torch.save of a
@@ -350,7 +388,7 @@ class Fabric {
  private:
   template <class O>
   optimizer_type<O> wrap_optimizer(O& optimizer) {
-    return optimizer_type<O>(optimizer, strategy_, precision_, optimizer_slot{next_optimizer_slot_++});
+    return optimizer_type<O>(optimizer, strategy_, precision_, next_optimizer_slot());
   }
 
   state with_precision(const state& checkpoint) {

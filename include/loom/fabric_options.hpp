@@ -1,9 +1,10 @@
-// The run-time options of a Fabric (static or erased), and of clip_gradients.
+// The run-time options of a Fabric (static or erased).
 #pragma once
 
 #include <loom/callbacks/callback.hpp>
 #include <loom/devices.hpp>
 #include <loom/loggers/logger.hpp>
+#include <loom/util/clip_options.hpp>
 
 #include <optional>
 #include <vector>
@@ -21,12 +22,5 @@ struct fabric_options {
   bool checked_by_connector = false;
 };
 
-// Lightning's clip_gradients arguments: exactly one of clip_val and max_norm.
-struct clip_options {
-  std::optional<double> clip_val;
-  std::optional<double> max_norm;
-  double norm_type = 2.0;
-  bool error_if_nonfinite = true;
-};
 
 }  // namespace loom

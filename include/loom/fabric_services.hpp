@@ -49,7 +49,7 @@ void print_on_zero(bool global_zero, const Args&... args) {
 // Fabric.rank_zero_first(): rank zero runs the guarded block first, the
 // others wait at a barrier until it is done.
 template <class FabricType>
-class rank_zero_first_guard {
+class [[nodiscard("a guard acts only while it lives: name it (auto guard = ...)")]] rank_zero_first_guard {
  public:
   explicit rank_zero_first_guard(FabricType& fabric) : fabric_(&fabric) {
     if (!fabric_->is_global_zero()) fabric_->barrier();

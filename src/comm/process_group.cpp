@@ -395,7 +395,7 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
 }
 }  // namespace
 
-std::vector<at::Tensor> process_group::all_gather(const at::Tensor& tensor) {
+std::vector<at::Tensor> process_group::all_gather_per_rank(const at::Tensor& tensor) {
   if (!state_) return {tensor.clone()};
   auto& state = *state_;
   at::Tensor flat = wire_tensor(state, tensor, "all_gather").reshape({-1});
@@ -429,7 +429,7 @@ at::Tensor process_group::all_gather_stacked(const at::Tensor& tensor) {
       std::ostringstream message;
       message << "all_gather_stacked: rank " << state.global_ranks[static_cast<std::size_t>(r)] << " has shape "
               << at::IntArrayRef(shapes[static_cast<std::size_t>(r)]) << ", this rank " << tensor.sizes()
-              << "; stacking needs equal shapes (all_gather returns one tensor per rank for unequal ones)";
+              << "; stacking needs equal shapes (all_gather_per_rank returns one tensor per rank for unequal ones)";
       throw configuration_error(message.str());
     }
   }

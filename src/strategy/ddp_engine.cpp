@@ -65,6 +65,7 @@ struct ddp_engine::impl {
   bool uses_exchange = false;
   bool forward_param_sync = true;  // Python's require_forward_param_sync
   std::int64_t iterations = 0;
+  bool local = false;  // a world of one: every step is local
 };
 
 ddp_engine::ddp_engine(torch::nn::Module& module, comm::process_group& world, const ddp_options& options)
@@ -75,12 +76,6 @@ ddp_engine::ddp_engine(torch::nn::Module& module, comm::process_group& world, co
   if (options.bucket_cap_mb <= 0 || options.first_bucket_mb <= 0) {
     throw configuration_error("ddp: bucket_cap_mb and first_bucket_mb must be positive");
   }
-  // A group of its own, over every rank of the world.
-  std::vector<int> everyone(static_cast<std::size_t>(world.size()));
-  for (int r = 0; r < world.size(); ++r) everyone[static_cast<std::size_t>(r)] = r;
-  self.group = world.new_group(everyone);
-  self.native = comm::native_group(*self.group.state());
-
   std::unordered_map<std::size_t, std::string> names;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
     if (!item.value().requires_grad()) continue;  // as DDP: frozen parameters are not synchronised
@@ -92,6 +87,17 @@ ddp_engine::ddp_engine(torch::nn::Module& module, comm::process_group& world, co
                               "synchronise (use loom::parallel for a module that does not train)");
   }
   for (const auto& buffer : module.buffers(/*recurse=*/true)) self.buffers.push_back(buffer);
+  // A world of one (DDP started without a launcher, devices=1, as Lightning
+  // allows): there is nothing to synchronise, so no group and no reducer.
+  if (!world.valid()) {
+    self.local = true;
+    return;
+  }
+  // A group of its own, over every rank of the world.
+  std::vector<int> everyone(static_cast<std::size_t>(world.size()));
+  for (int r = 0; r < world.size(); ++r) everyone[static_cast<std::size_t>(r)] = r;
+  self.group = world.new_group(everyone);
+  self.native = comm::native_group(*self.group.state());
 
   // Every rank starts from rank 0's parameters and buffers.
   std::vector<at::Tensor> state = self.parameters;
@@ -125,6 +131,7 @@ ddp_engine::~ddp_engine() = default;
 
 void ddp_engine::before_forward() {
   auto& self = *impl_;
+  if (self.local) return;
   const bool grad = at::GradMode::is_enabled();
   try {
     if (grad && self.sync) {
@@ -153,6 +160,7 @@ void ddp_engine::before_forward() {
 
 void ddp_engine::after_forward(const std::vector<at::Tensor>& outputs) {
   auto& self = *impl_;
+  if (self.local) return;
   if (at::GradMode::is_enabled() && self.sync) {
     self.forward_param_sync = true;
     if (self.options.find_unused_parameters && !self.options.static_graph) {
@@ -169,7 +177,10 @@ bool ddp_engine::sync_enabled() const noexcept { return impl_->sync; }
 void ddp_engine::set_sync_enabled(bool enabled) noexcept { impl_->sync = enabled; }
 const ddp_options& ddp_engine::options() const noexcept { return impl_->options; }
 
-std::size_t ddp_engine::bucket_count() const { return impl_->reducer->get_grad_buckets(/*return_zero_tensors=*/true).size(); }
+std::size_t ddp_engine::bucket_count() const {
+  if (impl_->local) return 0;
+  return impl_->reducer->get_grad_buckets(/*return_zero_tensors=*/true).size();
+}
 
 std::uint64_t ddp_engine::collectives_issued() const {
   return impl_->group.collectives_issued() + impl_->exchanges.load(std::memory_order_relaxed);
@@ -177,7 +188,7 @@ std::uint64_t ddp_engine::collectives_issued() const {
 
 bool ddp_engine::needs_static_graph_sink() const noexcept {
   const auto& self = *impl_;
-  return self.options.static_graph && self.iterations == 1 && self.sync && at::GradMode::is_enabled();
+  return !self.local && self.options.static_graph && self.iterations == 1 && self.sync && at::GradMode::is_enabled();
 }
 
 at::Tensor ddp_engine::static_graph_sink(const at::Tensor& output) {

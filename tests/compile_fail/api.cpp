@@ -16,6 +16,9 @@ struct sharding_strategy : loom::strategy_base {
 struct joint_setup_strategy : loom::strategy_base {
   static constexpr std::string_view name = "joint";
   static constexpr bool needs_joint_setup = true;
+  module_state setup_module_and_optimizers(torch::nn::Module&, std::span<torch::optim::Optimizer* const>, bool) {
+    return {};
+  }
 };
 struct wrong_hook_signature {
   void on_train_batch_end(int) {}
@@ -51,5 +54,23 @@ void case_user_loader_needs_sampler() {
 
 void case_joint_setup() {
   loom::Fabric<loom::cpu, joint_setup_strategy, loom::fp32> fabric;
-  fabric.setup_module(torch::nn::Linear(2, 2));
+  auto model = fabric.setup_module(torch::nn::Linear(2, 2));
+}
+
+void case_joint_setup_optimizers_alone() {
+  loom::Fabric<loom::cpu, joint_setup_strategy, loom::fp32> fabric;
+  torch::nn::Linear net(2, 2);
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  auto optimizer = fabric.setup_optimizers(sgd);
+}
+
+void case_joint_setup_without_optimizers() {
+  loom::Fabric<loom::cpu, joint_setup_strategy, loom::fp32> fabric;
+  auto model = fabric.setup(torch::nn::Linear(2, 2));
+}
+
+void case_dropped_no_backward_sync_guard() {
+  loom::Fabric<loom::cpu, loom::single_device, loom::fp32> fabric;
+  auto model = fabric.setup(torch::nn::Linear(2, 2));
+  fabric.no_backward_sync(model);
 }

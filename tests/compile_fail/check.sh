@@ -2,7 +2,8 @@
 # check.sh EXPECTATIONS -- COMPILER ARGS...
 # Compiles the cases once; the compiler must fail, and its output must contain,
 # for every "case_name: sentence" line of EXPECTATIONS, that sentence in a
-# static assertion. Prints the case whose sentence is missing.
+# static assertion (or, for a [[nodiscard]] result dropped, in the error that
+# -Werror=unused-result makes of it). Prints the case whose sentence is missing.
 set -u
 expect=$1
 shift 2
@@ -17,7 +18,7 @@ while IFS= read -r line; do
   [ -n "$line" ] || continue
   name=${line%%:*}
   sentence=${line#*: }
-  if ! printf '%s\n' "$output" | grep -F "static assertion failed" | grep -qF -- "$sentence"; then
+  if ! printf '%s\n' "$output" | grep -E "static assertion failed|error: ignoring return" | grep -qF -- "$sentence"; then
     echo "compile-fail: $name did not fail with: $sentence" >&2
     missing=1
   else

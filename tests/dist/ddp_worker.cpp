@@ -103,7 +103,7 @@ void law_equivalence(ddp_fabric& fabric) {
     torch::nn::functional::cross_entropy(reference->forward(x), y).backward();
     reference_sgd.step();
 
-    const auto everyone = fabric.all_gather_stacked(flat_parameters(net));
+    const auto everyone = fabric.all_gather(flat_parameters(net));
     for (int k = 1; k < w; ++k) EXPECT(torch::equal(everyone[0], everyone[k]), "step %d: rank %d's parameters differ", step, k);
   }
   // The mean of per-rank mean losses is the mean loss of the global batch, so
@@ -195,7 +195,7 @@ void law_unused(ddp_fabric& fabric) {
       finding.backward(model(global_inputs(step).narrow(0, r * 4, 4)).sum());
       optimizer.step();
     }
-    const auto everyone = finding.all_gather_stacked(flat_parameters(net));
+    const auto everyone = finding.all_gather(flat_parameters(net));
     EXPECT(torch::equal(everyone[0], everyone[everyone.size(0) - 1]), "find_unused_parameters: ranks diverged");
   }
   {
@@ -238,7 +238,7 @@ void law_options(ddp_fabric& /*unused*/) {
       fabric.backward(loss);
       optimizer.step();
     }
-    const auto everyone = fabric.all_gather_stacked(flat_parameters(net));
+    const auto everyone = fabric.all_gather(flat_parameters(net));
     EXPECT(torch::equal(everyone[0], everyone[everyone.size(0) - 1]), "ranks diverged");
     return flat_parameters(net);
   };

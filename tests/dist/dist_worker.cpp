@@ -102,29 +102,29 @@ void check_collectives(Fabric& fabric) {
          "nested all_reduce (tuple, non-tensors kept)");
 
   // all_gather: equal shapes, stacked; unequal shapes, one tensor per rank.
-  auto stacked = fabric.all_gather_stacked(at::full({2}, r));
-  EXPECT((stacked.sizes() == at::IntArrayRef{w, 2}), "all_gather_stacked shape");
-  for (int k = 0; k < w; ++k) EXPECT(torch::equal(stacked[k], at::full({2}, k)), "all_gather_stacked values");
-  auto uneven = fabric.all_gather(at::arange(r + 1, at::kLong).reshape({r + 1, 1}));
-  EXPECT(static_cast<int>(uneven.size()) == w, "all_gather returns one tensor per rank");
+  auto stacked = fabric.all_gather(at::full({2}, r));
+  EXPECT((stacked.sizes() == at::IntArrayRef{w, 2}), "all_gather shape");
+  for (int k = 0; k < w; ++k) EXPECT(torch::equal(stacked[k], at::full({2}, k)), "all_gather values");
+  auto uneven = fabric.all_gather_per_rank(at::arange(r + 1, at::kLong).reshape({r + 1, 1}));
+  EXPECT(static_cast<int>(uneven.size()) == w, "all_gather_per_rank returns one tensor per rank");
   for (int k = 0; k < w && k < static_cast<int>(uneven.size()); ++k) {
     EXPECT(torch::equal(uneven[static_cast<std::size_t>(k)], at::arange(k + 1, at::kLong).reshape({k + 1, 1})),
-           "all_gather of unequal shapes");
+           "all_gather_per_rank of unequal shapes");
   }
-  auto gathered_nested = fabric.all_gather_stacked(std::vector<at::Tensor>{at::full({1}, r), at::full({1}, -r)});
-  EXPECT(torch::equal(gathered_nested[1].flatten(), -at::arange(w, at::kFloat)), "nested all_gather_stacked");
+  auto gathered_nested = fabric.all_gather(std::vector<at::Tensor>{at::full({1}, r), at::full({1}, -r)});
+  EXPECT(torch::equal(gathered_nested[1].flatten(), -at::arange(w, at::kFloat)), "nested all_gather");
   bool refused_stack = false;
   try {
-    fabric.all_gather_stacked(at::zeros({r + 1}));
+    fabric.all_gather(at::zeros({r + 1}));
   } catch (const loom::configuration_error& error) {
     refused_stack = std::string(error.what()).find("equal shapes") != std::string::npos;
   }
-  EXPECT(w == 1 || refused_stack, "all_gather_stacked refuses unequal shapes, naming the rank");
+  EXPECT(w == 1 || refused_stack, "all_gather refuses unequal shapes, naming the rank");
 
   // all_gather with sync_grads: the gradient of sum_k (k + 1) * gathered[k]
   // summed over all ranks' losses, reaches each rank's input as W * (r + 1).
   auto input = at::full({2}, static_cast<double>(r)).requires_grad_(true);
-  auto gathered = fabric.all_gather_stacked(input, /*sync_grads=*/true);
+  auto gathered = fabric.all_gather(input, /*sync_grads=*/true);
   auto weights = (at::arange(w, at::kDouble) + 1).reshape({w, 1});
   (gathered * weights).sum().backward();
   EXPECT(input.grad().defined() && torch::equal(input.grad(), at::full({2}, static_cast<double>(w * (r + 1)))),

@@ -3,8 +3,7 @@
 // object with state_dict()/load_state_dict(). As Lightning's `state` dict.
 #pragma once
 
-#include <loom/wrap/module.hpp>
-#include <loom/wrap/optimizer.hpp>
+#include <loom/util/module_holder.hpp>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>

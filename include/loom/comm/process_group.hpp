@@ -61,7 +61,7 @@ class process_group {
   void all_reduce(at::Tensor& tensor, reduce_op op = reduce_op::sum);
   void broadcast(at::Tensor& tensor, int source = 0);
   // One tensor per rank; shapes may differ across ranks (dtypes may not).
-  std::vector<at::Tensor> all_gather(const at::Tensor& tensor);
+  std::vector<at::Tensor> all_gather_per_rank(const at::Tensor& tensor);
   // [world_size, ...]: every rank's tensor must have the same shape.
   at::Tensor all_gather_stacked(const at::Tensor& tensor);
   // input's first dimension is world_size * n; returns this rank's n rows of

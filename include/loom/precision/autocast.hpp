@@ -10,7 +10,7 @@
 
 namespace loom {
 
-class autocast_guard {
+class [[nodiscard("a guard acts only while it lives: name it (auto guard = ...)")]] autocast_guard {
  public:
   autocast_guard(c10::DeviceType device, c10::ScalarType dtype, bool enabled = true)
       : device_(device),
@@ -38,7 +38,7 @@ class autocast_guard {
 
 // Sets torch's default dtype for its lifetime (Lightning's _DtypeContextManager):
 // modules built and factory tensors made inside get this dtype.
-class default_dtype_guard {
+class [[nodiscard("a guard acts only while it lives: name it (auto guard = ...)")]] default_dtype_guard {
  public:
   explicit default_dtype_guard(c10::ScalarType dtype) : previous_(c10::get_default_dtype()) {
     c10::set_default_dtype(caffe2::TypeMeta::fromScalarType(dtype));

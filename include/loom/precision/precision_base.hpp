@@ -3,18 +3,12 @@
 #pragma once
 
 #include <loom/concepts.hpp>
+#include <loom/util/no_context.hpp>
 
 #include <ATen/core/Tensor.h>
 #include <torch/optim/optimizer.h>
 
 namespace loom {
-
-// The guard of a precision that needs no forward context. Empty, so the
-// compiler removes it; the user-provided destructor only keeps compilers from
-// warning that `auto guard = fabric.autocast();` is unused.
-struct no_context {
-  ~no_context() {}  // NOLINT(modernize-use-equals-default)
-};
 
 struct precision_base {
   using loom_concept = precision_tag;

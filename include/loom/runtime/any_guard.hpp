@@ -10,7 +10,7 @@
 
 namespace loom {
 
-class any_guard {
+class [[nodiscard("a guard acts only while it lives: name it (auto guard = ...)")]] any_guard {
  public:
   static constexpr std::size_t capacity = 64;
 

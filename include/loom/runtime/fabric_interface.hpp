@@ -6,6 +6,7 @@
 
 #include <loom/checkpoint/state.hpp>
 #include <loom/comm/reduce_op.hpp>
+#include <loom/concepts/base.hpp>
 #include <loom/runtime/any_guard.hpp>
 #include <loom/util/apply_to_collection.hpp>
 #include <loom/util/function_ref.hpp>
@@ -18,6 +19,7 @@
 
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <typeinfo>
@@ -79,6 +81,8 @@ class module_session {
   virtual at::Tensor convert_input(const at::Tensor& tensor) const = 0;
   virtual at::Tensor convert_output(const at::Tensor& tensor) const = 0;
   virtual void no_backward_sync(any_guard& guard, bool enabled) = 0;
+  // Through the strategy: the norm over the whole model across ranks.
+  virtual std::optional<double> clip_gradients(torch::nn::Module& module, const clip_options& options) = 0;
   // Whether inputs and outputs are converted (the "-true" and mixed precisions).
   bool converts_io() const noexcept { return converts_io_; }
 
@@ -111,8 +115,12 @@ class fabric_interface {
   virtual c10::Device device() const noexcept = 0;
   virtual bool needs_distributed_sampler() const noexcept = 0;
   virtual bool supports_no_backward_sync() const noexcept = 0;
+  virtual bool needs_joint_setup() const noexcept = 0;
 
   virtual std::unique_ptr<module_session> setup_module(torch::nn::Module& module, bool move_to_device) = 0;
+  // A strategy that needs_joint_setup: the module with all its optimizers.
+  virtual std::unique_ptr<module_session> setup_module_jointly(torch::nn::Module& module,
+                                                               std::span<torch::optim::Optimizer* const> optimizers) = 0;
   // A new optimizer slot (the grad scaler keeps per-optimizer state by slot).
   virtual optimizer_slot setup_optimizer(torch::optim::Optimizer& optimizer) = 0;
   virtual void optimizer_step(torch::optim::Optimizer& optimizer, optimizer_slot slot) = 0;
@@ -126,8 +134,8 @@ class fabric_interface {
   virtual void barrier() = 0;
   virtual at::Tensor all_reduce(const at::Tensor& tensor, reduce_op op) = 0;
   virtual void all_reduce_(at::Tensor& tensor, reduce_op op) = 0;
-  virtual std::vector<at::Tensor> all_gather(const at::Tensor& tensor) = 0;
-  virtual at::Tensor all_gather_stacked(const at::Tensor& tensor, bool sync_grads) = 0;
+  virtual at::Tensor all_gather(const at::Tensor& tensor, bool sync_grads) = 0;
+  virtual std::vector<at::Tensor> all_gather_per_rank(const at::Tensor& tensor) = 0;
   virtual at::Tensor broadcast(const at::Tensor& tensor, int source) = 0;
   virtual at::Tensor reduce_scatter(const at::Tensor& tensor, reduce_op op) = 0;
   virtual c10::IValue broadcast_object(const c10::IValue& value, int source) = 0;

@@ -44,12 +44,27 @@ class fabric_model final : public fabric_interface {
   c10::Device device() const noexcept override { return fabric_.device(); }
   bool needs_distributed_sampler() const noexcept override { return loom::needs_distributed_sampler<S>; }
   bool supports_no_backward_sync() const noexcept override { return loom::supports_no_backward_sync<S>; }
+  bool needs_joint_setup() const noexcept override { return loom::needs_joint_setup<S>; }
 
   std::unique_ptr<module_session> setup_module(torch::nn::Module& module, bool move_to_device) override {
-    return std::make_unique<session>(fabric_, fabric_.setup_module_state(module, move_to_device));
+    if constexpr (loom::needs_joint_setup<S>) {
+      throw configuration_error("setup_module: strategy '" + name_ +
+                                "' sets up the module and its optimizers together; call "
+                                "fabric.setup(module, optimizer...) instead.");
+    } else {
+      return std::make_unique<session>(fabric_, fabric_.setup_module_state(module, move_to_device));
+    }
   }
-  optimizer_slot setup_optimizer(torch::optim::Optimizer& optimizer) override {
-    return fabric_.setup_optimizers(optimizer).slot();
+  std::unique_ptr<module_session> setup_module_jointly(torch::nn::Module& module,
+                                                       std::span<torch::optim::Optimizer* const> optimizers) override {
+    if constexpr (loom::needs_joint_setup<S>) {
+      return std::make_unique<session>(fabric_, fabric_.setup_module_state_jointly(module, optimizers));
+    } else {
+      throw std::logic_error("setup_module_jointly: strategy '" + name_ + "' sets modules up alone");
+    }
+  }
+  optimizer_slot setup_optimizer(torch::optim::Optimizer& /*optimizer*/) override {
+    return fabric_.next_optimizer_slot();
   }
   void optimizer_step(torch::optim::Optimizer& optimizer, optimizer_slot slot) override {
     fabric_.strategy().optimizer_step(fabric_.precision(), optimizer, slot);
@@ -70,9 +85,11 @@ class fabric_model final : public fabric_interface {
   void barrier() override { fabric_.barrier(); }
   at::Tensor all_reduce(const at::Tensor& tensor, reduce_op op) override { return fabric_.all_reduce(tensor, op); }
   void all_reduce_(at::Tensor& tensor, reduce_op op) override { fabric_.all_reduce_(tensor, op); }
-  std::vector<at::Tensor> all_gather(const at::Tensor& tensor) override { return fabric_.all_gather(tensor); }
-  at::Tensor all_gather_stacked(const at::Tensor& tensor, bool sync_grads) override {
-    return fabric_.all_gather_stacked(tensor, sync_grads);
+  at::Tensor all_gather(const at::Tensor& tensor, bool sync_grads) override {
+    return fabric_.all_gather(tensor, sync_grads);
+  }
+  std::vector<at::Tensor> all_gather_per_rank(const at::Tensor& tensor) override {
+    return fabric_.all_gather_per_rank(tensor);
   }
   at::Tensor broadcast(const at::Tensor& tensor, int source) override { return fabric_.broadcast(tensor, source); }
   at::Tensor reduce_scatter(const at::Tensor& tensor, reduce_op op) override {
@@ -115,6 +132,9 @@ class fabric_model final : public fabric_interface {
       } else {
         body();
       }
+    }
+    std::optional<double> clip_gradients(torch::nn::Module& module, const clip_options& options) override {
+      return fabric_->strategy().clip_gradients(state_, module, options);
     }
     at::Tensor convert_input(const at::Tensor& tensor) const override {
       return fabric_->precision().convert_input(tensor);

@@ -25,18 +25,21 @@ auto all_reduce(comm::process_group& group, T&& value, reduce_op op) {
 
 // Each tensor becomes one tensor per rank (shapes may differ across ranks).
 template <class T>
-auto all_gather(comm::process_group& group, T&& value) {
+auto all_gather_per_rank(comm::process_group& group, T&& value) {
   return apply_to_collection(std::forward<T>(value),
-                             [&](const at::Tensor& tensor) { return group.all_gather(tensor); });
+                             [&](const at::Tensor& tensor) { return group.all_gather_per_rank(tensor); });
 }
 
 // The gathered tensors of all ranks stacked into [world_size, ...] (equal
 // shapes). With sync_grads, gradients flow back to every rank's input.
 at::Tensor all_gather_with_grad(comm::process_group& group, const at::Tensor& tensor);
 
+// Lightning's all_gather: [world_size, ...] (equal shapes), and the tensor
+// itself, with no added dimension, in a group of one.
 template <class T>
-auto all_gather_stacked(comm::process_group& group, T&& value, bool sync_grads) {
+auto all_gather(comm::process_group& group, T&& value, bool sync_grads) {
   return apply_to_collection(std::forward<T>(value), [&](const at::Tensor& tensor) {
+    if (group.size() == 1) return tensor;
     return sync_grads ? all_gather_with_grad(group, tensor) : group.all_gather_stacked(tensor);
   });
 }

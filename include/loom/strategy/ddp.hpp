@@ -17,7 +17,7 @@ namespace loom {
 
 // The guard of fabric.no_backward_sync under DDP: backward passes inside it
 // accumulate gradients locally; the next synced one reduces the sum.
-class ddp_no_sync_guard {
+class [[nodiscard("a guard acts only while it lives: name it (auto guard = ...)")]] ddp_no_sync_guard {
  public:
   ddp_no_sync_guard(detail::ddp_engine& engine, bool enabled)
       : engine_(&engine), previous_(engine.sync_enabled()) {

@@ -46,6 +46,13 @@ struct basic_parallel : strategy_base {
 
   no_context no_backward_sync(module_state& /*state*/, bool /*enabled*/ = true) { return {}; }
 
+  // One file, written by global rank zero; every rank returns once it is in place.
+  void save_checkpoint(const std::string& path, const state& checkpoint, const state_filter& filter,
+                       const checkpoint_metadata& metadata) {
+    if (global_rank() == 0) loom::save_checkpoint(path, checkpoint, filter, metadata);
+    barrier();
+  }
+
   comm::process_group& group() { return runtime_->group(); }
   detail::distributed_runtime& runtime() { return *runtime_; }
 
@@ -58,12 +65,12 @@ struct basic_parallel : strategy_base {
   }
   void all_reduce_(at::Tensor& tensor, reduce_op op = reduce_op::sum) { group().all_reduce(tensor, op); }
   template <class T>
-  auto all_gather(T&& value) {
-    return collectives::all_gather(group(), std::forward<T>(value));
+  auto all_gather(T&& value, bool sync_grads = false) {
+    return collectives::all_gather(group(), std::forward<T>(value), sync_grads);
   }
   template <class T>
-  auto all_gather_stacked(T&& value, bool sync_grads = false) {
-    return collectives::all_gather_stacked(group(), std::forward<T>(value), sync_grads);
+  auto all_gather_per_rank(T&& value) {
+    return collectives::all_gather_per_rank(group(), std::forward<T>(value));
   }
   template <class T>
   auto broadcast(T&& value, int source = 0) {

@@ -3,19 +3,24 @@
 // inherit it and hide what they change.
 #pragma once
 
+#include <loom/checkpoint/io.hpp>
+#include <loom/checkpoint/state.hpp>
 #include <loom/comm/reduce_op.hpp>
-#include <loom/strategy/collectives.hpp>
-#include <loom/util/apply_to_collection.hpp>
 #include <loom/concepts.hpp>
 #include <loom/errors.hpp>
-#include <loom/precision/precision_base.hpp>
+#include <loom/strategy/collectives.hpp>
+#include <loom/util/apply_to_collection.hpp>
+#include <loom/util/clip_gradients.hpp>
+#include <loom/util/no_context.hpp>
 
 #include <c10/core/Device.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace loom {
 
@@ -59,12 +64,37 @@ struct strategy_base {
     return std::forward<Forward>(run)();
   }
 
+  // The precision scales the loss (16-mixed); engines that own backward
+  // (ZeRO's accumulation) hide this.
+  template <class P>
+  void backward(P& precision, const at::Tensor& loss) {
+    precision.backward(loss);
+  }
+
   // LibTorch's own zero_grad; DDP with gradient_as_bucket_view zeroes in place.
   void zero_grad(torch::optim::Optimizer& optimizer) { optimizer.zero_grad(); }
 
   template <class P>
   void optimizer_step(P& precision, torch::optim::Optimizer& optimizer, optimizer_slot slot) {
     precision.optimizer_step(optimizer, slot);
+  }
+
+  // Clips by value, or by norm and returns the total norm. Local: right when
+  // every rank holds the whole gradient (one process, DDP); sharded
+  // strategies reduce the norm over their shards.
+  template <class State>
+  std::optional<double> clip_gradients(State& /*state*/, torch::nn::Module& module, const clip_options& options) {
+    return detail::clip_gradient_values(module.parameters(), options);
+  }
+
+  // ------------------------------------------------------------ checkpoints
+  // One file with every entry, written atomically by this (the only) process.
+  void save_checkpoint(const std::string& path, const state& checkpoint, const state_filter& filter,
+                       const checkpoint_metadata& metadata) {
+    loom::save_checkpoint(path, checkpoint, filter, metadata);
+  }
+  state load_checkpoint(const std::string& path, const state& checkpoint, bool strict) {
+    return loom::load_checkpoint(path, checkpoint, strict);
   }
 
   void barrier() {}
@@ -79,14 +109,15 @@ struct strategy_base {
     });
   }
   void all_reduce_(at::Tensor& tensor, reduce_op op = reduce_op::sum) { collectives::check_mean_dtype(tensor, op); }
+  // Lightning adds no dimension on one process ("kept for backward compatibility").
   template <class T>
-  auto all_gather(T&& value) {
-    return apply_to_collection(std::forward<T>(value),
-                               [](const at::Tensor& tensor) { return std::vector<at::Tensor>{tensor}; });
+  auto all_gather(T&& value, bool /*sync_grads*/ = false) {
+    return apply_to_collection(std::forward<T>(value), [](const at::Tensor& tensor) { return tensor; });
   }
   template <class T>
-  auto all_gather_stacked(T&& value, bool /*sync_grads*/ = false) {
-    return apply_to_collection(std::forward<T>(value), [](const at::Tensor& tensor) { return tensor.unsqueeze(0); });
+  auto all_gather_per_rank(T&& value) {
+    return apply_to_collection(std::forward<T>(value),
+                               [](const at::Tensor& tensor) { return std::vector<at::Tensor>{tensor}; });
   }
   template <class T>
   auto broadcast(T&& value, int /*source*/ = 0) {

@@ -182,8 +182,10 @@ class fit_loop {
   }
 
   void save_to(const std::string& path) {
-    // Every rank's generator state, so each resumes its own stream.
-    const at::Tensor random = fabric_.all_gather_stacked(capture_random_state());
+    // Every rank's generator state, so each resumes its own stream: always
+    // [world_size, ...] in the file (all_gather adds no dimension on one process).
+    at::Tensor random = fabric_.all_gather(capture_random_state());
+    if (fabric_.world_size() == 1) random = random.unsqueeze(0);
     state checkpoint = core_state();
     checkpoint.set("rng", c10::IValue(random));
     c10::List<std::string> log_dirs;

@@ -2,7 +2,7 @@
 #pragma once
 
 #include <loom/errors.hpp>
-#include <loom/fabric_options.hpp>
+#include <loom/util/clip_options.hpp>
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/utils/clip_grad.h>

@@ -10,7 +10,7 @@
 // outermost. Bias additions, activations and reductions are not counted.
 #pragma once
 
-#include <loom/wrap/module.hpp>
+#include <loom/util/module_holder.hpp>
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <loom/util/apply_to_collection.hpp>
+#include <loom/util/module_holder.hpp>
 
 #include <c10/core/DeviceType.h>
 #include <torch/nn/module.h>
@@ -16,29 +17,6 @@
 #include <utility>
 
 namespace loom {
-
-namespace detail {
-// The module class behind a holder: TORCH_MODULE holders and shared_ptrs.
-template <class Holder>
-struct module_impl {};
-template <class Impl>
-struct module_impl<std::shared_ptr<Impl>> {
-  using type = Impl;
-};
-template <class Holder>
-  requires std::derived_from<Holder, torch::nn::ModuleHolder<typename Holder::ContainedType>>
-struct module_impl<Holder> {
-  using type = typename Holder::ContainedType;
-};
-}  // namespace detail
-
-template <class Holder>
-concept ModuleHolder = requires { typename detail::module_impl<std::remove_cvref_t<Holder>>::type; } &&
-                       std::derived_from<typename detail::module_impl<std::remove_cvref_t<Holder>>::type,
-                                         torch::nn::Module>;
-
-template <class Holder>
-using module_impl_t = typename detail::module_impl<std::remove_cvref_t<Holder>>::type;
 
 namespace detail {
 // module.forward(args...) as a callable, so forward is one case of run.

@@ -1,0 +1,219 @@
+// The strategy contract, layer by layer: models written from scratch
+// (inheriting nothing from loom) satisfy each layer and train through
+// Fabric, every step member is reached through the strategy, joint setup,
+// DDP with a world of one, and Lightning's all_gather on one process.
+#include "strategy_models.hpp"
+#include "test_models.hpp"
+
+#include "catch.hpp"
+#include <loom/loom.hpp>
+#include <loom/any_fabric.hpp>
+#include <loom/runtime/fabric_model.hpp>
+
+#include <torch/optim/sgd.h>
+
+#include <filesystem>
+
+using models::bare_precision;
+using models::bare_strategy;
+using models::member;
+
+namespace {
+template <member M>
+using lacking = bare_strategy<M>;
+
+std::filesystem::path scratch_dir(const char* name) {
+  auto dir = std::filesystem::temp_directory_path() / (std::string("loom-contract-") + name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+}  // namespace
+
+TEST_CASE("each member belongs to one layer of the strategy contract", "[contract]") {
+  // The complete model, inheriting nothing, satisfies every layer.
+  STATIC_REQUIRE(loom::StrategyProcesses<bare_strategy<>>);
+  STATIC_REQUIRE(loom::StrategyModules<bare_strategy<>>);
+  STATIC_REQUIRE(loom::StrategyTraining<bare_strategy<>>);
+  STATIC_REQUIRE(loom::StrategyCheckpoints<bare_strategy<>>);
+  STATIC_REQUIRE(loom::StrategyCollectives<bare_strategy<>>);
+  STATIC_REQUIRE(loom::Strategy<bare_strategy<>>);
+  STATIC_REQUIRE(loom::Precision<bare_precision>);
+
+  // A missing member fails its own layer and every layer above it, not the ones below.
+  STATIC_REQUIRE_FALSE(loom::StrategyProcesses<lacking<member::setup_environment>>);
+  STATIC_REQUIRE_FALSE(loom::StrategyProcesses<lacking<member::ranks>>);
+  STATIC_REQUIRE_FALSE(loom::StrategyProcesses<lacking<member::barrier>>);
+
+  STATIC_REQUIRE(loom::StrategyProcesses<lacking<member::module_state>>);
+  STATIC_REQUIRE_FALSE(loom::StrategyModules<lacking<member::module_state>>);
+  STATIC_REQUIRE_FALSE(loom::StrategyModules<lacking<member::setup_module>>);
+  STATIC_REQUIRE_FALSE(loom::StrategyModules<lacking<member::forward>>);
+  // Joint setup is part of the contract only where the strategy needs it.
+  STATIC_REQUIRE(loom::Strategy<bare_strategy<member::joint_setup, false>>);
+  STATIC_REQUIRE_FALSE(loom::StrategyModules<bare_strategy<member::joint_setup, true>>);
+  STATIC_REQUIRE(loom::Strategy<bare_strategy<member::none, true>>);
+
+  STATIC_REQUIRE(loom::StrategyModules<lacking<member::backward>>);
+  STATIC_REQUIRE_FALSE(loom::StrategyTraining<lacking<member::backward>>);
+  STATIC_REQUIRE_FALSE(loom::StrategyTraining<lacking<member::optimizer_step>>);
+  STATIC_REQUIRE_FALSE(loom::StrategyTraining<lacking<member::zero_grad>>);
+  STATIC_REQUIRE_FALSE(loom::StrategyTraining<lacking<member::clip_gradients>>);
+  STATIC_REQUIRE_FALSE(loom::StrategyTraining<lacking<member::no_backward_sync>>);
+
+  STATIC_REQUIRE(loom::StrategyTraining<lacking<member::save_checkpoint>>);
+  STATIC_REQUIRE_FALSE(loom::StrategyCheckpoints<lacking<member::save_checkpoint>>);
+  STATIC_REQUIRE_FALSE(loom::StrategyCheckpoints<lacking<member::load_checkpoint>>);
+
+  STATIC_REQUIRE(loom::StrategyCheckpoints<lacking<member::all_reduce>>);
+  STATIC_REQUIRE_FALSE(loom::StrategyCollectives<lacking<member::all_reduce>>);
+  STATIC_REQUIRE_FALSE(loom::StrategyCollectives<lacking<member::all_gather>>);
+  STATIC_REQUIRE_FALSE(loom::StrategyCollectives<lacking<member::broadcast>>);
+  STATIC_REQUIRE_FALSE(loom::StrategyCollectives<lacking<member::reduce_scatter>>);
+  STATIC_REQUIRE_FALSE(loom::StrategyCollectives<lacking<member::reduce_boolean_decision>>);
+
+  // The built-in strategies model the whole contract.
+  STATIC_REQUIRE(loom::Strategy<loom::single_device>);
+  STATIC_REQUIRE(loom::Strategy<loom::parallel>);
+  STATIC_REQUIRE(loom::Strategy<loom::ddp>);
+}
+
+TEST_CASE("a strategy and a precision written from scratch train one step, every step through the strategy",
+          "[contract]") {
+  models::strategy_calls calls;
+  bare_strategy<> strategy;
+  strategy.calls = &calls;
+  loom::Fabric<loom::cpu, bare_strategy<>, bare_precision> fabric({}, strategy);
+  loom_test::Mlp net(4, 8, 2);
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  auto [model, optimizer] = fabric.setup(net, sgd);
+  const at::Tensor before = net->parameters()[0].clone();
+
+  optimizer.zero_grad();
+  const at::Tensor loss = model(at::ones({3, 4})).pow(2).sum();
+  fabric.backward(loss);
+  const auto norm = fabric.clip_gradients(model, optimizer, {.max_norm = 1e6});
+  optimizer.step();
+  {
+    auto guard = fabric.no_backward_sync(model);
+  }
+  CHECK(norm.has_value());
+  CHECK_FALSE(torch::equal(before, net->parameters()[0]));
+  CHECK(fabric.precision().backwards == 1);
+  CHECK(fabric.precision().steps == 1);
+  for (const char* step : {"setup_module", "forward", "backward", "clip_gradients", "optimizer_step", "zero_grad",
+                           "no_backward_sync"}) {
+    INFO(step);
+    CHECK(calls.count[step] == 1);
+  }
+
+  // Checkpoints go through the strategy too, and round-trip.
+  const auto path = (scratch_dir("bare") / "bare.ckpt").string();
+  fabric.save(path, {{"model", model}});
+  const at::Tensor saved = net->parameters()[0].clone();
+  {
+    at::NoGradGuard no_grad;
+    net->parameters()[0].zero_();
+  }
+  fabric.load(path, {{"model", model}});
+  CHECK(torch::equal(saved, net->parameters()[0]));
+  CHECK(calls.count["save_checkpoint"] == 1);
+  CHECK(calls.count["load_checkpoint"] == 1);
+  CHECK(torch::equal(fabric.all_reduce(at::ones({2})), at::ones({2})));
+  CHECK(calls.count["all_reduce"] == 1);
+}
+
+TEST_CASE("a strategy that needs joint setup gets the module with its optimizers, static and erased",
+          "[contract]") {
+  using joint = bare_strategy<member::none, true>;
+  STATIC_REQUIRE(loom::needs_joint_setup<joint>);
+  models::strategy_calls calls;
+  joint strategy;
+  strategy.calls = &calls;
+  {
+    loom::Fabric<loom::cpu, joint, loom::fp32> fabric({}, strategy);
+    loom_test::Mlp net(4, 8, 2);
+    torch::optim::SGD first(net->parameters(), 0.1);
+    torch::optim::SGD second(net->parameters(), 0.1);
+    auto [model, optimizer_a, optimizer_b] = fabric.setup(net, first, second);
+    CHECK(calls.count["setup_module_and_optimizers"] == 1);
+    CHECK(calls.count["setup_module"] == 0);
+    REQUIRE(calls.jointly_set_up.size() == 2);
+    CHECK(calls.jointly_set_up[0] == &first);
+    CHECK(calls.jointly_set_up[1] == &second);
+    optimizer_a.zero_grad();
+    fabric.backward(model(at::ones({2, 4})).sum());
+    optimizer_a.step();
+    CHECK(calls.count["optimizer_step"] == 1);
+  }
+  // The erased form asks the same strategy through the same path.
+  calls = {};
+  loom::AnyFabric erased(std::make_unique<loom::runtime::fabric_model<loom::cpu, joint, loom::fp32>>(
+                             "joint", loom::fabric_options{}, strategy),
+                         {}, {});
+  loom_test::Mlp net(4, 8, 2);
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  CHECK_THROWS_WITH(erased.setup_module(net), Catch::Contains("sets up the module and its optimizers together"));
+  CHECK_THROWS_WITH(erased.setup_optimizers(sgd), Catch::Contains("sets up the module and its optimizers together"));
+  auto [model, optimizer] = erased.setup(net, sgd);
+  CHECK(calls.count["setup_module_and_optimizers"] == 1);
+  REQUIRE(calls.jointly_set_up.size() == 1);
+  CHECK(calls.jointly_set_up[0] == &sgd);
+  optimizer.zero_grad();
+  erased.backward(model(at::ones({2, 4})).sum());
+  CHECK(erased.clip_gradients(model, optimizer, {.max_norm = 1e6}).has_value());
+  optimizer.step();
+  CHECK(calls.count["backward"] == 1);
+  CHECK(calls.count["clip_gradients"] == 1);
+  CHECK(calls.count["optimizer_step"] == 1);
+}
+
+TEST_CASE("ddp with a world of one trains without a launcher, as single_device does", "[contract]") {
+  loom::Fabric<loom::cpu, loom::ddp, loom::fp32> ddp_fabric;
+  loom::Fabric<loom::cpu, loom::single_device, loom::fp32> single_fabric;
+  CHECK(ddp_fabric.world_size() == 1);
+  torch::manual_seed(3);
+  loom_test::Mlp ddp_net(4, 8, 2);
+  loom_test::Mlp single_net(4, 8, 2);
+  {
+    at::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < ddp_net->parameters().size(); ++i) {
+      single_net->parameters()[i].copy_(ddp_net->parameters()[i]);
+    }
+  }
+  torch::optim::SGD ddp_sgd(ddp_net->parameters(), 0.1);
+  torch::optim::SGD single_sgd(single_net->parameters(), 0.1);
+  auto [ddp_model, ddp_optimizer] = ddp_fabric.setup(ddp_net, ddp_sgd);
+  auto [single_model, single_optimizer] = single_fabric.setup(single_net, single_sgd);
+  const at::Tensor input = at::randn({6, 4});
+  for (int step = 0; step < 3; ++step) {
+    ddp_optimizer.zero_grad();
+    ddp_fabric.backward(ddp_model(input).pow(2).sum());
+    ddp_optimizer.step();
+    single_optimizer.zero_grad();
+    single_fabric.backward(single_model(input).pow(2).sum());
+    single_optimizer.step();
+  }
+  for (std::size_t i = 0; i < ddp_net->parameters().size(); ++i) {
+    CHECK(torch::equal(ddp_net->parameters()[i], single_net->parameters()[i]));
+  }
+  {
+    auto guard = ddp_fabric.no_backward_sync(ddp_model);
+  }
+  CHECK(ddp_fabric.strategy().gradient_collectives() == 0);
+}
+
+TEST_CASE("all_gather adds no dimension on one process, as Lightning; all_gather_per_rank gives one tensor",
+          "[contract]") {
+  const at::Tensor value = at::arange(6, at::kFloat).reshape({2, 3});
+  loom::Fabric<loom::cpu, loom::single_device, loom::fp32> single;
+  CHECK((single.all_gather(value).sizes() == value.sizes()));
+  CHECK(torch::equal(single.all_gather(value), value));
+  CHECK(single.all_gather_per_rank(value).size() == 1);
+  loom::Fabric<loom::cpu, loom::parallel, loom::fp32> parallel;
+  CHECK(torch::equal(parallel.all_gather(value), value));
+  CHECK(torch::equal(parallel.all_gather(value, /*sync_grads=*/true), value));
+  CHECK(parallel.all_gather_per_rank(value).size() == 1);
+  auto erased = loom::make_fabric({.strategy = "ddp"});
+  CHECK(torch::equal(erased.all_gather(value), value));
+}
