@@ -11,6 +11,10 @@
 # Prints the median of REPEATS (default 3) runs per TU: CPU seconds (user +
 # system) of the compiler, which a loaded machine disturbs less than wall time,
 # and the wall time.
+# With BASELINE=/path/to/another/loom/checkout, loom_hpp and loom_minimal are
+# also compiled against that checkout's headers (base_loom_hpp,
+# base_loom_minimal), interleaved in the same rounds, and the ratios printed:
+#   git worktree add /tmp/loom-base <commit> && BASELINE=/tmp/loom-base TUS="loom_hpp loom_minimal" bench/compile_time.sh 5
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 repeats=${1:-3}
@@ -27,15 +31,24 @@ sed 's|#include <torch/torch.h>|#include <torch/nn/functional/activation.h>\
 #include <torch/nn/modules/linear.h>\
 #include <torch/optim/sgd.h>|' "$root/bench/compile/make_fabric_user.cpp" > "$work/make_fabric_narrow.cpp"
 cp "$root/bench/compile/static_ddp_user.cpp" "$work/static_ddp.cpp"
+if [ -n "${BASELINE:-}" ]; then
+  cp "$work/loom_hpp.cpp" "$work/base_loom_hpp.cpp"
+  cp "$BASELINE/examples/minimal.cpp" "$work/base_loom_minimal.cpp"
+fi
 flags="-std=c++20 -O2 -D_GLIBCXX_USE_CXX11_ABI=1 -DUSE_C10D_GLOO -isystem /usr/include/torch/csrc/api/include -I$root/include"
 median_of() { printf '%s\n' "$@" | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 # Interleaved: round r compiles every TU once, so a slow phase of the machine
 # touches all of them alike.
 tus=${TUS:-torch_h loom_hpp loom_minimal raw_user make_fabric make_fabric_narrow static_ddp}
+[ -n "${BASELINE:-}" ] && tus="$tus base_loom_hpp base_loom_minimal"
 i=0
 while [ "$i" -lt "$repeats" ]; do
   for tu in $tus; do
-    /usr/bin/time -f "%U %S %e" -o "$work/$tu.time" g++ $flags -c "$work/$tu.cpp" -o "$work/$tu.o"
+    case $tu in
+      base_*) tu_flags=$(printf '%s' "$flags" | sed "s|-I$root/include|-I$BASELINE/include|") ;;
+      *) tu_flags=$flags ;;
+    esac
+    /usr/bin/time -f "%U %S %e" -o "$work/$tu.time" g++ $tu_flags -c "$work/$tu.cpp" -o "$work/$tu.o"
     awk '{ printf "%.2f %.2f\n", $1 + $2, $3 }' "$work/$tu.time" >> "$work/$tu.times"
   done
   i=$((i + 1))
@@ -56,3 +69,9 @@ fi
 if [ -n "${median_raw_user:-}" ] && [ -n "${median_make_fabric:-}" ]; then
   awk -v a="$median_make_fabric" -v b="$median_raw_user" 'BEGIN { printf "make_fabric / raw_user = %.3f (what loom adds to the same program)\n", a / b }'
 fi
+for tu in loom_hpp loom_minimal; do
+  eval "new=\${median_$tu:-}; base=\${median_base_$tu:-}"
+  if [ -n "$new" ] && [ -n "$base" ]; then
+    awk -v a="$new" -v b="$base" -v t="$tu" 'BEGIN { printf "%s / baseline = %.3f\n", t, a / b }'
+  fi
+done

@@ -13,6 +13,7 @@
 #include <torch/optim/sgd.h>
 
 #include <filesystem>
+#include <fstream>
 
 using models::bare_precision;
 using models::bare_strategy;
@@ -216,4 +217,55 @@ TEST_CASE("all_gather adds no dimension on one process, as Lightning; all_gather
   CHECK(parallel.all_gather_per_rank(value).size() == 1);
   auto erased = loom::make_fabric({.strategy = "ddp"});
   CHECK(torch::equal(erased.all_gather(value), value));
+}
+
+TEST_CASE("make_fabric passes a strategy's options (JSON text or file) and refuses what the strategy does not take",
+          "[contract][runtime]") {
+  using ddp_fabric = loom::Fabric<loom::cpu, loom::ddp, loom::fp32>;
+  auto fabric = loom::make_fabric(
+      {.strategy = "ddp", .strategy_options = R"({"bucket_cap_mb": 50, "find_unused_parameters": true, "timeout": 90})"});
+  REQUIRE(fabric.target<ddp_fabric>() != nullptr);
+  const auto& options = fabric.target<ddp_fabric>()->strategy().options();
+  CHECK(options.bucket_cap_mb == 50.0);
+  CHECK(options.find_unused_parameters);
+  CHECK(options.timeout == std::chrono::seconds(90));
+  CHECK(options.launcher == loom::launcher_kind::subprocess);
+
+  // A preset's parameters come first, the user's options over them.
+  auto preset = loom::make_fabric({.strategy = "ddp_find_unused_parameters_true",
+                                   .strategy_options = R"({"static_graph": true})"});
+  CHECK(preset.target<ddp_fabric>()->strategy().options().find_unused_parameters);
+  CHECK(preset.target<ddp_fabric>()->strategy().options().static_graph);
+  // The launcher is an option of the one ddp type: ddp_fork is a preset.
+  auto fork = loom::make_fabric({.strategy = "ddp_fork"});
+  REQUIRE(fork.target<ddp_fabric>() != nullptr);
+  CHECK(fork.target<ddp_fabric>()->strategy().parallel_settings().launcher == loom::launcher_kind::fork);
+
+  // A file holding the object.
+  const auto path = scratch_dir("options") / "ddp.json";
+  std::ofstream(path) << R"({"gradient_as_bucket_view": true, "process_group_backend": "gloo"})";
+  auto from_file = loom::make_fabric({.strategy = "ddp", .strategy_options = path.string()});
+  CHECK(from_file.target<ddp_fabric>()->strategy().options().gradient_as_bucket_view);
+
+  // Errors name the strategy, the key, the value and what is accepted.
+  CHECK_THROWS_WITH(loom::make_fabric({.strategy = "ddp", .strategy_options = R"({"bucket_cap": 50})"}),
+                    Catch::Contains("strategy 'ddp': unknown option 'bucket_cap' = 50; accepted: timeout, "
+                                    "process_group_backend, find_unused_parameters"));
+  CHECK_THROWS_WITH(loom::make_fabric({.strategy = "ddp", .strategy_options = R"({"bucket_cap_mb": "big"})"}),
+                    Catch::Contains("option 'bucket_cap_mb' = \"big\" is not accepted: expected a number > 0"));
+  CHECK_THROWS_WITH(loom::make_fabric({.strategy = "ddp", .strategy_options = R"({"bucket_cap_mb": -1})"}),
+                    Catch::Contains("option 'bucket_cap_mb' = -1 is not accepted"));
+  CHECK_THROWS_WITH(loom::make_fabric({.strategy = "ddp", .strategy_options = R"({"static_graph": 1})"}),
+                    Catch::Contains("option 'static_graph' = 1 is not accepted: expected true or false"));
+  CHECK_THROWS_WITH(
+      loom::make_fabric({.strategy = "ddp", .strategy_options = R"({"process_group_backend": "mpi"})"}),
+      Catch::Contains("option 'process_group_backend' = \"mpi\" is not accepted: expected one of \"gloo\", \"nccl\""));
+  CHECK_THROWS_WITH(loom::make_fabric({.strategy = "single_device", .strategy_options = R"({"x": 1})"}),
+                    Catch::Contains("unknown option 'x' = 1; accepted: none (it takes no options)"));
+  CHECK_THROWS_WITH(loom::make_fabric({.strategy = "ddp", .strategy_options = R"({"bucket_cap_mb": )"}),
+                    Catch::Contains("is not valid JSON"));
+  CHECK_THROWS_WITH(loom::make_fabric({.strategy = "ddp", .strategy_options = "/nonexistent/ddp.json"}),
+                    Catch::Contains("neither a JSON object ('{...}') nor a readable file: '/nonexistent/ddp.json'"));
+  CHECK_THROWS_WITH(loom::make_fabric({.strategy = "ddp", .strategy_options = "[1, 2]"}),
+                    Catch::Contains("neither a JSON object"));
 }

@@ -37,6 +37,9 @@ namespace loom {
 struct fabric_config {
   std::string accelerator = "auto";  // auto | cpu | cuda | gpu (mps, tpu: refused with the reason)
   std::string strategy = "auto";     // a registered name: auto, single_device, ddp, ddp_fork, ...
+  // The strategy's options: a JSON object ("{\"bucket_cap_mb\": 50}") or the
+  // path of a file holding one; each name lists its keys (docs/configuration.md).
+  std::string strategy_options;
   devices_spec devices;              // not given: auto, or what an external launcher started
   runtime::precision_input precision;  // 64 | 32 | 16 | "bf16-mixed" | ...; not given: "32-true"
   int num_nodes = 1;

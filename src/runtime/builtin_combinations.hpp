@@ -5,6 +5,9 @@
 
 #include <loom/runtime/register_strategy.hpp>
 
+#include <loom/comm/capabilities.hpp>
+
+#include <chrono>
 #include <vector>
 
 namespace loom::runtime::builtin {
@@ -16,5 +19,8 @@ using runtime::preset;
 std::vector<std::vector<registry_entry>> single_device_entries();
 std::vector<std::vector<registry_entry>> parallel_entries();
 std::vector<std::vector<registry_entry>> ddp_entries();
+
+// The options every parallel strategy reads (timeout in seconds, process_group_backend).
+void read_parallel_options(option_reader& reader, std::chrono::milliseconds& timeout, comm::backend& backend);
 
 }  // namespace loom::runtime::builtin

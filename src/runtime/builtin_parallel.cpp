@@ -4,9 +4,35 @@
 
 namespace loom::runtime::builtin {
 
+namespace {
+// The options every parallel strategy takes: timeout (seconds, as Lightning's
+// timedelta) and process_group_backend.
+void read_common(option_reader& reader, std::chrono::milliseconds& timeout, comm::backend& backend) {
+  double seconds = std::chrono::duration<double>(timeout).count();
+  reader.read("timeout", seconds, 0.0, 1e9);
+  timeout = std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
+  std::string backend_name = backend == comm::backend::nccl ? "nccl" : "gloo";
+  reader.read("process_group_backend", backend_name, {"gloo", "nccl"});
+  backend = backend_name == "nccl" ? comm::backend::nccl : comm::backend::gloo;
+}
+
+parallel make_parallel(option_reader& reader, launcher_kind launcher) {
+  parallel_options options{.launcher = launcher};
+  read_common(reader, options.timeout, options.backend);
+  return parallel(options);
+}
+}  // namespace
+
+void read_parallel_options(option_reader& reader, std::chrono::milliseconds& timeout, comm::backend& backend) {
+  read_common(reader, timeout, backend);
+}
+
 std::vector<std::vector<registry_entry>> parallel_entries() {
-  return entries(preset<parallel>{"parallel", "loom::parallel", [] { return parallel{}; }},
-                 preset<parallel_fork>{"parallel_fork", "loom::parallel_fork", [] { return parallel_fork{}; }});
+  return entries(
+      preset<parallel>{"parallel", "loom::parallel",
+                       [](option_reader& reader) { return make_parallel(reader, launcher_kind::subprocess); }},
+      preset<parallel>{"parallel_fork", "loom::parallel (launcher = fork)",
+                       [](option_reader& reader) { return make_parallel(reader, launcher_kind::fork); }});
 }
 
 }  // namespace loom::runtime::builtin

@@ -112,7 +112,8 @@ AnyFabric make_fabric(fabric_config config) {
   options.devices = chosen.devices;
   options.num_nodes = chosen.num_nodes;
   options.checked_by_connector = true;
-  return AnyFabric(entry->make(std::move(options)), std::move(config.loggers), std::move(config.callbacks),
+  runtime::option_reader reader(chosen.strategy, config.strategy_options);
+  return AnyFabric(entry->make(std::move(options), reader), std::move(config.loggers), std::move(config.callbacks),
                    chosen.warnings);
 }
 

@@ -27,9 +27,8 @@ bool is_loopback(const std::string& address) {
 
 }  // namespace
 
-distributed_runtime::distributed_runtime(const strategy_environment& environment, launcher_kind launcher,
-                                         parallel_options options)
-    : environment_(environment), launcher_(launcher), options_(options), cluster_(cluster::detect()) {
+distributed_runtime::distributed_runtime(const strategy_environment& environment, parallel_options options)
+    : environment_(environment), launcher_(options.launcher), options_(options), cluster_(cluster::detect()) {
   const auto& requested = environment.requested;
   num_nodes_ = environment.num_nodes;
   if (cluster_.creates_processes_externally) {

@@ -428,8 +428,9 @@ int run_launch_self(int devices) {
 }
 
 int run_fork(int devices) {
-  loom::Fabric<loom::cpu, loom::parallel_fork> fabric({.devices = devices},
-                                                      loom::parallel_fork(loom::parallel_options{.timeout = timeout_from_env()}));
+  loom::Fabric<loom::cpu, loom::parallel> fabric(
+      {.devices = devices},
+      loom::parallel(loom::parallel_options{.timeout = timeout_from_env(), .launcher = loom::launcher_kind::fork}));
   return fabric.launch([](auto& f) {
     check_collectives(f);
     return report(f, "fork");

@@ -18,6 +18,7 @@
 #include <boost/hana/tuple.hpp>
 #include <boost/hana/type.hpp>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,12 +45,15 @@ template <> inline constexpr const char* type_name<bf16> = "loom::bf16";
 template <> inline constexpr const char* type_name<fp16_mixed> = "loom::fp16_mixed";
 template <> inline constexpr const char* type_name<bf16_mixed> = "loom::bf16_mixed";
 
-// A registered name with its preset: how to make the strategy.
+// A registered name with its preset: how to make the strategy from the
+// options make_fabric was given (the preset's own parameters first, the
+// user's options over them).
 template <class S>
 struct preset {
+  using strategy_type = S;
   const char* name;
   const char* type;  // as written in docs: "loom::ddp"
-  S (*make)();
+  std::function<S(option_reader&)> make;
   const char* description = nullptr;  // default: the catalog's (runtime/names)
 };
 
@@ -58,7 +62,7 @@ template <class... S>
 std::vector<std::vector<registry_entry>> entries(const preset<S>&... presets) {
   std::vector<std::vector<registry_entry>> out;
   auto one = [&out](const auto& preset) {
-    using strategy_t = decltype(preset.make());
+    using strategy_t = typename std::remove_cvref_t<decltype(preset)>::strategy_type;
     std::vector<registry_entry> named;
     constexpr auto product =
         hana::cartesian_product(hana::make_tuple(accelerators, hana::tuple_t<strategy_t>, precisions));
@@ -81,9 +85,12 @@ std::vector<std::vector<registry_entry>> entries(const preset<S>&... presets) {
       entry.strategy_type = preset.type;
       entry.accelerator_type = type_name<A>;
       entry.precision_type = type_name<P>;
-      entry.make = [make = preset.make, name = std::string(preset.name)](fabric_options options) {
+      entry.make = [make = preset.make, name = std::string(preset.name)](fabric_options options,
+                                                                         option_reader& reader) {
+        strategy_t strategy = make(reader);
+        reader.finish();
         return std::unique_ptr<fabric_interface>(
-            std::make_unique<fabric_model<A, strategy_t, P>>(name, std::move(options), make(), P{}));
+            std::make_unique<fabric_model<A, strategy_t, P>>(name, std::move(options), std::move(strategy), P{}));
       };
       named.push_back(std::move(entry));
     });
@@ -96,11 +103,17 @@ std::vector<std::vector<registry_entry>> entries(const preset<S>&... presets) {
 
 // Registers name -> the strategy make() returns, for every accelerator and
 // precision it is compatible with (instantiated in the caller's TU). An
-// existing name is replaced only with {.override_existing = true}.
-template <class S>
-void register_strategy(const char* name, const char* type, const char* description, S (*make)(),
+// existing name is replaced only with {.override_existing = true}. make may
+// take a runtime::option_reader& to read make_fabric's strategy_options;
+// without one, any option given is refused.
+template <class S, class Make>
+  requires std::is_invocable_r_v<S, Make&, option_reader&> || std::is_invocable_r_v<S, Make&>
+void register_strategy(const char* name, const char* type, const char* description, Make make,
                        registration_options options = {}) {
-  auto named = entries(preset<S>{name, type, make, description});
+  std::function<S(option_reader&)> read;
+  if constexpr (std::is_invocable_r_v<S, Make&, option_reader&>) read = std::move(make);
+  else read = [make = std::move(make)](option_reader&) mutable { return make(); };
+  auto named = entries(preset<S>{name, type, std::move(read), description});
   registry::instance().add_strategy(named.front(), options);
 }
 

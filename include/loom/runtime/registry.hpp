@@ -7,6 +7,7 @@
 #include <loom/runtime/fabric_interface.hpp>
 #include <loom/runtime/connector.hpp>
 #include <loom/runtime/names.hpp>
+#include <loom/runtime/strategy_options.hpp>
 
 #include <functional>
 #include <memory>
@@ -16,7 +17,9 @@
 
 namespace loom::runtime {
 
-using fabric_factory = std::function<std::unique_ptr<fabric_interface>(fabric_options)>;
+// Builds the combination; the strategy's preset reads its options from the
+// reader (every key must be one it knows).
+using fabric_factory = std::function<std::unique_ptr<fabric_interface>(fabric_options, option_reader&)>;
 
 // One compiled combination under one strategy name.
 struct registry_entry {

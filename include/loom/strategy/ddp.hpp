@@ -32,18 +32,17 @@ class [[nodiscard("a guard acts only while it lives: name it (auto guard = ...)"
   bool previous_;
 };
 
-template <launcher_kind Launcher = launcher_kind::subprocess>
-struct basic_ddp : basic_parallel<Launcher> {
-  using base = basic_parallel<Launcher>;
-  static constexpr std::string_view name = Launcher == launcher_kind::fork ? "ddp_fork" : "ddp";
+struct ddp : parallel {
+  static constexpr std::string_view name = "ddp";
   static constexpr bool supports_no_backward_sync = true;
 
   // The reducer of each set-up module.
   using module_state = std::shared_ptr<detail::ddp_engine>;
 
-  basic_ddp() : base(parallel_options{}) {}
-  explicit basic_ddp(ddp_options options)
-      : base(parallel_options{.timeout = options.timeout, .backend = options.process_group_backend}),
+  ddp() = default;
+  explicit ddp(ddp_options options)
+      : parallel(parallel_options{
+            .timeout = options.timeout, .backend = options.process_group_backend, .launcher = options.launcher}),
         options_(options) {}
 
   module_state setup_module(torch::nn::Module& module, bool move_to_device = true) {
@@ -113,9 +112,6 @@ struct basic_ddp : basic_parallel<Launcher> {
   std::vector<at::Tensor> scratch_;  // outputs handed to the reducer, reused every step
   std::vector<std::weak_ptr<detail::ddp_engine>> engines_;  // for the counters above
 };
-
-using ddp = basic_ddp<launcher_kind::subprocess>;
-using ddp_fork = basic_ddp<launcher_kind::fork>;
 
 // Lightning's preset "ddp_find_unused_parameters_true".
 inline ddp ddp_find_unused_parameters_true() { return ddp(ddp_options{.find_unused_parameters = true}); }

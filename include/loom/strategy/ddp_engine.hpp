@@ -6,6 +6,7 @@
 #pragma once
 
 #include <loom/comm/process_group.hpp>
+#include <loom/launch/launcher_kind.hpp>
 
 #include <ATen/core/Tensor.h>
 
@@ -37,6 +38,8 @@ struct ddp_options {
   // (c10d send/recv, one round) instead of Gloo's ring all-reduce (two).
   bool pairwise_exchange = true;
   std::chrono::milliseconds timeout = std::chrono::minutes(30);
+  // How launch() starts the local ranks (Lightning's "ddp_fork" is ddp with fork).
+  launcher_kind launcher = launcher_kind::subprocess;
 };
 
 namespace detail {

@@ -7,6 +7,7 @@
 #include <loom/cluster/environment.hpp>
 #include <loom/comm/process_group.hpp>
 #include <loom/concepts.hpp>
+#include <loom/launch/launcher_kind.hpp>
 #include <loom/launch/supervisor.hpp>
 
 #include <c10/core/Device.h>
@@ -18,22 +19,17 @@
 
 namespace loom {
 
-// How launch() starts the local ranks when nobody else did.
-enum class launcher_kind {
-  subprocess,  // re-executes this program (Lightning's _SubprocessScriptLauncher)
-  fork,        // forks this process in launch(fn), before LibTorch starts threads
-};
-
 struct parallel_options {
   std::chrono::milliseconds timeout = std::chrono::minutes(30);  // every wait, as torch's default
   comm::backend backend = comm::backend::gloo;
+  launcher_kind launcher = launcher_kind::subprocess;  // how launch() starts the local ranks
 };
 
 namespace detail {
 
 class distributed_runtime {
  public:
-  distributed_runtime(const strategy_environment& environment, launcher_kind launcher, parallel_options options);
+  distributed_runtime(const strategy_environment& environment, parallel_options options);
   distributed_runtime(const distributed_runtime&) = delete;
   distributed_runtime& operator=(const distributed_runtime&) = delete;
   // Rank 0 of a launch() waits for the ranks it started, then removes the

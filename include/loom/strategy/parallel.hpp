@@ -12,22 +12,21 @@
 
 namespace loom {
 
-template <launcher_kind Launcher = launcher_kind::subprocess>
-struct basic_parallel : strategy_base {
-  static constexpr std::string_view name = Launcher == launcher_kind::fork ? "parallel_fork" : "parallel";
+struct parallel : strategy_base {
+  static constexpr std::string_view name = "parallel";
   static constexpr bool is_distributed = true;
   static constexpr bool needs_distributed_sampler = true;
   // Nothing is synchronised, so there is nothing to skip: the guard is empty.
   static constexpr bool supports_no_backward_sync = true;
-  static constexpr launcher_kind launcher = Launcher;
 
-  basic_parallel() = default;
-  explicit basic_parallel(parallel_options options) : options_(options) {}
+  parallel() = default;
+  explicit parallel(parallel_options options) : options_(options) {}
 
   void setup_environment(const strategy_environment& environment) {
-    runtime_ = std::make_shared<detail::distributed_runtime>(environment, Launcher, options_);
+    runtime_ = std::make_shared<detail::distributed_runtime>(environment, options_);
     device_ = runtime_->device();
   }
+  const parallel_options& parallel_settings() const noexcept { return options_; }
 
   int world_size() const noexcept { return runtime_ ? runtime_->world_size() : 1; }
   int global_rank() const noexcept { return runtime_ ? runtime_->global_rank() : 0; }
@@ -92,9 +91,6 @@ struct basic_parallel : strategy_base {
   parallel_options options_;
   std::shared_ptr<detail::distributed_runtime> runtime_;
 };
-
-using parallel = basic_parallel<launcher_kind::subprocess>;
-using parallel_fork = basic_parallel<launcher_kind::fork>;
 
 static_assert(Strategy<parallel>);
 

@@ -1,0 +1,124 @@
+// option_reader over nlohmann-json.
+#include <loom/errors.hpp>
+#include <loom/runtime/strategy_options.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+namespace loom::runtime {
+
+struct option_reader::parsed {
+  nlohmann::json object = nlohmann::json::object();
+};
+
+namespace {
+std::string shown(const nlohmann::json& value) {
+  std::string text = value.dump();
+  return text.size() > 80 ? text.substr(0, 77) + "..." : text;
+}
+
+std::string number_text(double value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+}  // namespace
+
+option_reader::option_reader(std::string strategy, std::string_view text)
+    : strategy_(std::move(strategy)), parsed_(std::make_unique<parsed>()) {
+  const auto first = text.find_first_not_of(" \t\r\n");
+  if (first == std::string_view::npos) return;
+  std::string json_text(text);
+  std::string origin = "the strategy options";
+  if (text[first] != '{') {
+    std::ifstream file{std::string(text)};
+    if (!file) {
+      throw configuration_error("strategy '" + strategy_ + "': the options are neither a JSON object ('{...}') nor "
+                                "a readable file: '" + std::string(text) + "'");
+    }
+    std::stringstream content;
+    content << file.rdbuf();
+    json_text = content.str();
+    origin = "the options file " + std::string(text);
+  }
+  try {
+    parsed_->object = nlohmann::json::parse(json_text);
+  } catch (const nlohmann::json::parse_error& error) {
+    throw configuration_error("strategy '" + strategy_ + "': " + origin + " is not valid JSON: " + error.what());
+  }
+  if (!parsed_->object.is_object()) {
+    throw configuration_error("strategy '" + strategy_ + "': " + origin + " must be a JSON object of option names "
+                              "and values, got " + shown(parsed_->object));
+  }
+}
+
+option_reader::~option_reader() = default;
+
+void option_reader::read(std::string_view key, bool& value) {
+  asked_.emplace_back(key);
+  auto found = parsed_->object.find(std::string(key));
+  if (found == parsed_->object.end()) return;
+  if (!found->is_boolean()) {
+    throw configuration_error("strategy '" + strategy_ + "': option '" + std::string(key) + "' = " + shown(*found) +
+                              " is not accepted: expected true or false");
+  }
+  value = found->get<bool>();
+}
+
+void option_reader::read(std::string_view key, double& value, double greater_than, double at_most) {
+  asked_.emplace_back(key);
+  auto found = parsed_->object.find(std::string(key));
+  if (found == parsed_->object.end()) return;
+  const bool in_range = found->is_number() && found->get<double>() > greater_than && found->get<double>() <= at_most;
+  if (!in_range) {
+    throw configuration_error("strategy '" + strategy_ + "': option '" + std::string(key) + "' = " + shown(*found) +
+                              " is not accepted: expected a number > " + number_text(greater_than) +
+                              (std::isinf(at_most) ? std::string() : " and <= " + number_text(at_most)));
+  }
+  value = found->get<double>();
+}
+
+void option_reader::read(std::string_view key, std::int64_t& value, std::int64_t at_least, std::int64_t at_most) {
+  asked_.emplace_back(key);
+  auto found = parsed_->object.find(std::string(key));
+  if (found == parsed_->object.end()) return;
+  const bool in_range = found->is_number_integer() && found->get<std::int64_t>() >= at_least &&
+                        found->get<std::int64_t>() <= at_most;
+  if (!in_range) {
+    throw configuration_error("strategy '" + strategy_ + "': option '" + std::string(key) + "' = " + shown(*found) +
+                              " is not accepted: expected an integer from " + std::to_string(at_least) + " to " +
+                              std::to_string(at_most));
+  }
+  value = found->get<std::int64_t>();
+}
+
+void option_reader::read(std::string_view key, std::string& value, std::initializer_list<std::string_view> accepted) {
+  asked_.emplace_back(key);
+  auto found = parsed_->object.find(std::string(key));
+  if (found == parsed_->object.end()) return;
+  const bool known = found->is_string() && std::find(accepted.begin(), accepted.end(),
+                                                     found->get<std::string>()) != accepted.end();
+  if (!known) {
+    std::string list;
+    for (auto option : accepted) list += (list.empty() ? "\"" : ", \"") + std::string(option) + "\"";
+    throw configuration_error("strategy '" + strategy_ + "': option '" + std::string(key) + "' = " + shown(*found) +
+                              " is not accepted: expected one of " + list);
+  }
+  value = found->get<std::string>();
+}
+
+void option_reader::finish() const {
+  for (const auto& [key, value] : parsed_->object.items()) {
+    if (std::find(asked_.begin(), asked_.end(), key) != asked_.end()) continue;
+    std::string list;
+    for (const auto& known : asked_) list += (list.empty() ? "" : ", ") + known;
+    throw configuration_error("strategy '" + strategy_ + "': unknown option '" + key + "' = " + shown(value) +
+                              "; accepted: " + (list.empty() ? std::string("none (it takes no options)") : list));
+  }
+}
+
+}  // namespace loom::runtime
