@@ -9,6 +9,7 @@
 #include <loom/loom.hpp>
 #include <loom/any_fabric.hpp>
 #include <loom/runtime/fabric_model.hpp>
+#include <loom/runtime/registry.hpp>
 
 #include <torch/optim/sgd.h>
 
@@ -268,4 +269,35 @@ TEST_CASE("make_fabric passes a strategy's options (JSON text or file) and refus
                     Catch::Contains("neither a JSON object ('{...}') nor a readable file: '/nonexistent/ddp.json'"));
   CHECK_THROWS_WITH(loom::make_fabric({.strategy = "ddp", .strategy_options = "[1, 2]"}),
                     Catch::Contains("neither a JSON object"));
+}
+
+TEST_CASE("the compatibility rules see the same facts from the types as from the names", "[contract][runtime]") {
+  // Fabric reads the facts from the policy types, the connector (and
+  // loom-run) from the built-in names: the two must agree for every built-in.
+  auto same_accelerator = [](loom::rules::accelerator_facts a, loom::rules::accelerator_facts b) {
+    return a.name == b.name && a.fp16_compute == b.fp16_compute;
+  };
+  auto same_precision = [](loom::rules::precision_facts a, loom::rules::precision_facts b) {
+    return a.name == b.name && a.fp16 == b.fp16 && a.mixed == b.mixed;
+  };
+  STATIC_REQUIRE(same_accelerator(loom::accelerator_facts_of<loom::cpu>(), loom::rules::builtin_accelerator("cpu")));
+  STATIC_REQUIRE(same_accelerator(loom::accelerator_facts_of<loom::cuda>(), loom::rules::builtin_accelerator("cuda")));
+  STATIC_REQUIRE(same_precision(loom::precision_facts_of<loom::fp32>(), loom::rules::builtin_precision("32-true")));
+  STATIC_REQUIRE(same_precision(loom::precision_facts_of<loom::fp64>(), loom::rules::builtin_precision("64-true")));
+  STATIC_REQUIRE(same_precision(loom::precision_facts_of<loom::fp16>(), loom::rules::builtin_precision("16-true")));
+  STATIC_REQUIRE(same_precision(loom::precision_facts_of<loom::bf16>(), loom::rules::builtin_precision("bf16-true")));
+  STATIC_REQUIRE(same_precision(loom::precision_facts_of<loom::fp16_mixed>(),
+                                loom::rules::builtin_precision("16-mixed")));
+  STATIC_REQUIRE(same_precision(loom::precision_facts_of<loom::bf16_mixed>(),
+                                loom::rules::builtin_precision("bf16-mixed")));
+  // The strategies' facts in the registry are their types' traits.
+  for (const auto& entry : loom::runtime::registry::instance().entries()) {
+    INFO(entry.strategy);
+    CHECK(entry.multi_process == (entry.strategy_type != "loom::single_device"));
+  }
+  // One sentence per rule, used by the static_asserts and the connector alike.
+  CHECK_THROWS_WITH(loom::make_fabric({.precision = "16-true"}),
+                    Catch::Contains(std::string(loom::rules::reason(loom::rules::rule::fp16_true_without_kernels))));
+  CHECK_THROWS_WITH(loom::make_fabric({.strategy = "single_device", .devices = 2}),
+                    Catch::Contains(std::string(loom::rules::reason(loom::rules::rule::one_process))));
 }

@@ -134,6 +134,10 @@ class any_optimizer {
 
 class AnyFabric {
  public:
+  // no_backward_sync compiles; supports_no_backward_sync() says at run time
+  // whether the chosen strategy can skip synchronisation.
+  static constexpr bool may_skip_backward_sync = true;
+
   // Usually made by make_fabric; here for combinations built by hand.
   AnyFabric(std::unique_ptr<runtime::fabric_interface> fabric, std::vector<logger> loggers,
             std::vector<callback> callbacks, std::vector<std::string> warnings = {})

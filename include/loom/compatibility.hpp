@@ -1,37 +1,48 @@
-// Which Accelerator x Strategy x Precision combinations can run, stated once:
-// Fabric asserts each rule with its own sentence, and the run-time registry
-// filters its product with the same predicate.
+// Which Accelerator x Strategy x Precision combinations can run: the rules of
+// concepts/compatibility_rules.hpp over the facts the types state. Fabric
+// asserts each rule with its sentence; the run-time registry filters its
+// product with compatible<A, S, P>; the connector asks the same rules by name.
 #pragma once
 
 #include <loom/concepts.hpp>
+#include <loom/concepts/compatibility_rules.hpp>
 
 namespace loom {
 
-namespace rules {
-// fp16 matmul (16-true) on an accelerator without fp16 kernels.
-template <class A, class P>
-inline constexpr bool fp16_true_without_kernels =
-    P::compute_dtype == c10::ScalarType::Half && !P::is_mixed && !supports_fp16_compute<A>;
-// fp16 autocast (16-mixed) on an accelerator that refuses it.
-template <class A, class P>
-inline constexpr bool fp16_autocast_without_kernels =
-    P::compute_dtype == c10::ScalarType::Half && P::is_mixed && !supports_fp16_compute<A>;
-}  // namespace rules
+template <class A>
+constexpr rules::accelerator_facts accelerator_facts_of() {
+  return {.name = A::name, .fp16_compute = supports_fp16_compute<A>};
+}
+template <class P>
+constexpr rules::precision_facts precision_facts_of() {
+  return {.name = P::name, .fp16 = P::compute_dtype == c10::ScalarType::Half, .mixed = bool(P::is_mixed)};
+}
+template <class S>
+constexpr rules::strategy_facts strategy_facts_of() {
+  return {.name = S::name,
+          .multi_process = is_distributed<S>,
+          .runs_on_cpu = strategy_runs_on_cpu<S>,
+          .runs_on_cuda = strategy_runs_on_cuda<S>};
+}
 
 template <class A, class S, class P>
-inline constexpr bool compatible =
-    !rules::fp16_true_without_kernels<A, P> && !rules::fp16_autocast_without_kernels<A, P>;
+inline constexpr rules::rule broken_rule =
+    rules::first_broken(accelerator_facts_of<A>(), strategy_facts_of<S>(), precision_facts_of<P>());
 
-// Fails, with a sentence per rule, when the combination cannot run.
+template <class A, class S, class P>
+inline constexpr bool compatible = broken_rule<A, S, P> == rules::rule::none;
+
+// Fails, with the rule's sentence, when the combination cannot run.
 template <class A, class S, class P>
 constexpr bool diagnose_combination() {
-  static_assert(!rules::fp16_true_without_kernels<A, P>,
-                "loom::Fabric<loom::cpu, S, loom::fp16>: LibTorch 1.13 has no fp16 matmul kernels on CPU, so "
-                "16-true cannot run there. Use loom::bf16 (bf16-true) on cpu, or loom::cuda for fp16.");
-  static_assert(!rules::fp16_autocast_without_kernels<A, P>,
-                "loom::Fabric<loom::cpu, S, loom::fp16_mixed>: LibTorch 1.13 refuses fp16 autocast on CPU, so "
-                "16-mixed cannot run there. Use loom::bf16_mixed (bf16-mixed) on cpu, or loom::cuda for 16-mixed.");
-  return compatible<A, S, P>;
+  constexpr rules::rule broken = broken_rule<A, S, P>;
+  static_assert(broken != rules::rule::strategy_not_on_accelerator,
+                "loom::Fabric<A, S, P>: " LOOM_RULE_STRATEGY_NOT_ON_ACCELERATOR);
+  static_assert(broken != rules::rule::fp16_true_without_kernels,
+                "loom::Fabric<A, S, P>: " LOOM_RULE_FP16_TRUE_WITHOUT_KERNELS);
+  static_assert(broken != rules::rule::fp16_autocast_without_kernels,
+                "loom::Fabric<A, S, P>: " LOOM_RULE_FP16_AUTOCAST_WITHOUT_KERNELS);
+  return broken == rules::rule::none;
 }
 
 }  // namespace loom

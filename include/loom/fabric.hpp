@@ -7,6 +7,7 @@
 #include <loom/accelerator/cpu.hpp>
 #include <loom/callbacks/callback.hpp>
 #include <loom/checkpoint/io.hpp>
+#include <loom/cluster/launcher_agreement.hpp>
 #include <loom/checkpoint/state.hpp>
 #include <loom/compatibility.hpp>
 #include <loom/concepts.hpp>
@@ -17,7 +18,6 @@
 #include <loom/launch/run_launched.hpp>
 #include <loom/loggers/logger.hpp>
 #include <loom/precision/true_precision.hpp>
-#include <loom/runtime/names.hpp>
 #include <loom/strategy/single_device.hpp>
 #include <loom/util/apply_to_collection.hpp>
 #include <loom/util/clip_gradients.hpp>
@@ -61,6 +61,9 @@ class Fabric {
   using accelerator_type = A;
   using strategy_type = S;
   using precision_type = P;
+  // Whether no_backward_sync compiles for this type (then
+  // supports_no_backward_sync() is true); AnyFabric decides at run time.
+  static constexpr bool may_skip_backward_sync = loom::supports_no_backward_sync<S>;
   template <class Holder>
   using module_type = fabric_module<Holder, S, P, A::device_type>;
   template <class O>
@@ -75,7 +78,7 @@ class Fabric {
     }
     // Started by loom-run: its --accelerator/--strategy/--precision/--devices must agree with this type.
     if (!options.checked_by_connector) {
-      const std::string conflict = runtime::cli_conflict(
+      const std::string conflict = cluster::launcher_conflict(
           A::name, S::name, P::name,
           options.devices.given() ? std::optional<std::string>(options.devices.text()) : std::nullopt,
           options.num_nodes, options.num_nodes != 1);
@@ -234,7 +237,7 @@ class Fabric {
   template <class Module>
   [[nodiscard("a guard acts only while it lives: name it (auto guard = ...)")]]
   auto no_backward_sync(Module& module, bool enabled = true) {
-    static_assert(supports_no_backward_sync<S>,
+    static_assert(loom::supports_no_backward_sync<S>,
                   "loom::Fabric::no_backward_sync: this strategy cannot skip gradient synchronisation (it has no "
                   "`supports_no_backward_sync`). Use it with loom::ddp or loom::single_device, or accumulate "
                   "without it.");
@@ -280,6 +283,10 @@ class Fabric {
   P& precision() noexcept { return precision_; }
 
   void barrier() { strategy_.barrier(); }
+
+  // Whether no_backward_sync can be used with this strategy (AnyFabric's
+  // question, answered at compile time here).
+  static constexpr bool supports_no_backward_sync() noexcept { return loom::supports_no_backward_sync<S>; }
 
   // Prints its arguments, separated by spaces, on global rank zero.
   template <class... Args>

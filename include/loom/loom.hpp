@@ -8,6 +8,7 @@
 #include <loom/checkpoint/io.hpp>
 #include <loom/checkpoint/state.hpp>
 #include <loom/cluster/environment.hpp>
+#include <loom/comm/autograd.hpp>
 #include <loom/comm/capabilities.hpp>
 #include <loom/comm/device_mesh.hpp>
 #include <loom/comm/process_group.hpp>

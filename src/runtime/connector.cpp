@@ -2,6 +2,7 @@
 // Lightning applies them, with loom's errors for what C++ cannot run.
 #include <loom/accelerator/parse_devices.hpp>
 #include <loom/errors.hpp>
+#include <loom/concepts/compatibility_rules.hpp>
 #include <loom/runtime/connector.hpp>
 
 #include <algorithm>
@@ -27,7 +28,6 @@ std::string lower(std::string text) {
   return text;
 }
 
-bool is_fsdp(std::string_view name) { return name.rfind("fsdp", 0) == 0; }
 
 // Lightning's _argument_from_env: with the CLI, its value decides; a value in
 // the code that is not the default and differs from it is an error. Values
@@ -171,20 +171,21 @@ connection connect(connector_input input, const machine_facts& machine, const cl
     chosen = "ddp";
     entry = find(chosen);
   }
-  if (is_fsdp(chosen) && accelerator != "cuda") {
-    throw configuration_error("strategy '" + chosen + "': FSDP is only available on GPU. Set accelerator='cuda' (or "
-                              "'gpu') to continue, or select a different strategy. Available: " + available);
-  }
   if (entry == nullptr || !entry->built) {
     throw configuration_error("strategy '" + chosen + "' cannot be used: " +
                               (entry ? entry->reason : std::string("it is not registered")) +
                               ". Available: " + available);
   }
-  if (chosen == "single_device" && (out.processes_per_node > 1 || input.num_nodes > 1)) {
-    throw configuration_error("strategy 'single_device' runs one process on one device, but devices=" +
-                              devices.to_string() + " and num_nodes=" + std::to_string(input.num_nodes) +
-                              " ask for " + std::to_string(out.processes_per_node * input.num_nodes) +
-                              ". Use devices=1, or a distributed strategy such as ddp.");
+  // The compatibility rules, as Fabric<A, S, P> asserts them (concepts/compatibility_rules.hpp).
+  const rules::strategy_facts strategy_facts{.name = chosen,
+                                             .multi_process = entry->multi_process,
+                                             .runs_on_cpu = entry->runs_on_cpu,
+                                             .runs_on_cuda = entry->runs_on_cuda};
+  if (rules::processes_fit(strategy_facts, out.processes_per_node, input.num_nodes) != rules::rule::none) {
+    throw configuration_error("strategy '" + chosen + "': devices=" + devices.to_string() + " and num_nodes=" +
+                              std::to_string(input.num_nodes) + " ask for " +
+                              std::to_string(out.processes_per_node * input.num_nodes) + " processes; " +
+                              std::string(rules::reason(rules::rule::one_process)));
   }
 
   // 6. The precision on this accelerator.
@@ -193,9 +194,11 @@ connection connect(connector_input input, const machine_facts& machine, const cl
                            "supported on CPU. Using precision='bf16-mixed' instead.");
     precision = "bf16-mixed";
   }
-  if (accelerator == "cpu" && precision == "16-true") {
-    throw configuration_error("precision '16-true' cannot run on cpu: LibTorch 1.13 has no fp16 matmul kernels on "
-                              "CPU. Use 'bf16-true' or 'bf16-mixed' on cpu, or accelerator='cuda' for 16-true.");
+  if (const rules::rule broken = rules::first_broken(rules::builtin_accelerator(accelerator), strategy_facts,
+                                                      rules::builtin_precision(precision));
+      broken != rules::rule::none) {
+    throw configuration_error("strategy '" + chosen + "' on accelerator '" + accelerator + "' with precision '" +
+                              precision + "': " + std::string(rules::reason(broken)));
   }
 
   out.accelerator = accelerator;

@@ -40,7 +40,9 @@ void registry::add_strategy(const std::vector<registry_entry>& entries, registra
   const strategy_name* lightning = runtime::find_strategy(name);
   if (lightning == nullptr || !lightning->built) {
     std::erase_if(user_names_, [&](const strategy_name& known) { return known.name == name; });
-    user_names_.push_back({name, true, "", entries.front().description});
+    const registry_entry& first = entries.front();
+    user_names_.push_back({name, true, "", first.description, first.multi_process, first.runs_on_cpu,
+                           first.runs_on_cuda});
   }
 }
 

@@ -15,6 +15,10 @@ struct strategy_tag_only {
   using loom_concept = loom::strategy_tag;
   static constexpr std::string_view name = "bare";
 };
+struct cuda_only_strategy : loom::strategy_base {
+  static constexpr std::string_view name = "cuda-only";
+  static constexpr bool runs_on_cpu = false;
+};
 struct precision_without_dtypes : loom::precision_base {
   static constexpr std::string_view name = "nameless-dtype";
 };
@@ -29,3 +33,4 @@ void case_strategy_untagged() { loom::Fabric<loom::cpu, untagged, loom::fp32> fa
 void case_strategy_incomplete() { loom::Fabric<loom::cpu, strategy_tag_only, loom::fp32> fabric; }
 void case_precision_untagged() { loom::Fabric<loom::cpu, loom::single_device, int> fabric; }
 void case_precision_incomplete() { loom::Fabric<loom::cpu, loom::single_device, precision_without_dtypes> fabric; }
+void case_strategy_not_on_cpu() { loom::Fabric<loom::cpu, cuda_only_strategy, loom::fp32> fabric; }

@@ -398,6 +398,59 @@ int run_comm() {
          "an unknown mesh dimension lists the known ones");
   EXPECT(refused_with([&] { loom::comm::device_mesh(group, {w, 2}, {"a", "b"}); }, "multiply to the world size"),
          "a mesh that does not cover the world is refused");
+
+  // Autograd-aware collectives: forward values and the transposed collective
+  // in backward. Upstream gradients are (r + 1) everywhere, from
+  // loss = sum((r + 1) * y), so a sum over ranks of them is rank_sum.
+  const double rank_sum = w * (w + 1) / 2.0;
+  auto upstream = [&](const at::Tensor& y) { (y * (r + 1.0)).sum().backward(); };
+  {
+    at::Tensor x = at::full({2, 3}, r + 1.0).requires_grad_(true);
+    at::Tensor y = loom::comm::copy_to_group(group, x);
+    EXPECT(torch::equal(y, x), "copy_to_group forward is the identity");
+    upstream(y);
+    EXPECT(torch::equal(x.grad(), at::full({2, 3}, rank_sum)), "copy_to_group backward all-reduces");
+  }
+  {
+    at::Tensor x = at::full({2, 3}, r + 1.0).requires_grad_(true);
+    at::Tensor y = loom::comm::all_reduce_with_grad(group, x);
+    EXPECT(torch::equal(y, at::full({2, 3}, rank_sum)), "all_reduce_with_grad forward sums");
+    upstream(y);
+    EXPECT(torch::equal(x.grad(), at::full({2, 3}, r + 1.0)), "all_reduce_with_grad backward is the identity");
+  }
+  for (auto gradient : {loom::comm::gathered_gradient::partial, loom::comm::gathered_gradient::replicated}) {
+    at::Tensor x = at::full({2, 3}, r + 1.0).requires_grad_(true);
+    at::Tensor y = loom::comm::all_gather_with_grad(group, x, /*dim=*/-1, gradient);
+    EXPECT((y.sizes() == at::IntArrayRef{2, 3 * w}), "all_gather_with_grad shape");
+    bool values = true;
+    for (int k = 0; k < w; ++k) values = values && torch::equal(y.narrow(1, 3 * k, 3), at::full({2, 3}, k + 1.0));
+    EXPECT(values, "all_gather_with_grad lays the ranks' chunks along the dimension");
+    upstream(y);
+    const double expected = gradient == loom::comm::gathered_gradient::partial ? rank_sum : r + 1.0;
+    EXPECT(torch::equal(x.grad(), at::full({2, 3}, expected)),
+           "all_gather_with_grad backward: reduce-scatter (partial) or own slice (replicated)");
+  }
+  {
+    at::Tensor x = at::full({2, 2 * w}, r + 1.0).requires_grad_(true);
+    at::Tensor y = loom::comm::reduce_scatter_with_grad(group, x, /*dim=*/1);
+    EXPECT(torch::equal(y, at::full({2, 2}, rank_sum)), "reduce_scatter_with_grad forward");
+    upstream(y);
+    bool gathered = true;
+    for (int k = 0; k < w; ++k) gathered = gathered && torch::equal(x.grad().narrow(1, 2 * k, 2), at::full({2, 2}, k + 1.0));
+    EXPECT(gathered, "reduce_scatter_with_grad backward all-gathers");
+  }
+  {
+    at::Tensor x = (at::arange(2 * w, at::kFloat) * 1.0).reshape({1, 2 * w}).requires_grad_(true);
+    at::Tensor y = loom::comm::scatter_to_group(group, x, /*dim=*/1);
+    EXPECT(torch::equal(y, at::arange(2 * r, 2 * r + 2, at::kFloat).reshape({1, 2})), "scatter_to_group keeps this rank's chunk");
+    upstream(y);
+    bool gathered = true;
+    for (int k = 0; k < w; ++k) gathered = gathered && torch::equal(x.grad().narrow(1, 2 * k, 2), at::full({1, 2}, k + 1.0));
+    EXPECT(gathered, "scatter_to_group backward all-gathers");
+  }
+  EXPECT(refused_with([&] { (void)loom::comm::reduce_scatter_with_grad(group, at::ones({2, 2 * w + 1}), 1); },
+                      "not a multiple of the group size") || w == 1,
+         "reduce_scatter_with_grad refuses a dimension the group does not divide");
   return report(fabric, "comm");
 }
 

@@ -81,6 +81,18 @@ inline constexpr bool needs_distributed_sampler = [] {
   else return false;
 }();
 
+// The accelerators a strategy runs on (compatibility_rules.hpp reads them).
+template <class S>
+inline constexpr bool strategy_runs_on_cpu = [] {
+  if constexpr (requires { S::runs_on_cpu; }) return bool(S::runs_on_cpu);
+  else return true;
+}();
+template <class S>
+inline constexpr bool strategy_runs_on_cuda = [] {
+  if constexpr (requires { S::runs_on_cuda; }) return bool(S::runs_on_cuda);
+  else return true;
+}();
+
 // Whether the module and its optimizers must be set up together (ZeRO).
 template <class S>
 inline constexpr bool needs_joint_setup = [] {

@@ -4,6 +4,8 @@
 // anything.
 #pragma once
 
+#include <loom/policy_names.hpp>
+
 #include <optional>
 #include <string>
 #include <string_view>
@@ -11,22 +13,21 @@
 
 namespace loom::runtime {
 
-// Precision strings Lightning accepts, canonical ones first.
-const std::vector<std::string>& precision_names();
-// "32" -> "32-true", "16" -> "16-mixed", "bf16" -> "bf16-mixed", "64" -> "64-true",
-// canonical names unchanged; nullopt for an unknown name.
-std::optional<std::string> canonical_precision(std::string_view name);
-
-// cpu, gpu, cuda, mps, tpu, auto.
-const std::vector<std::string>& accelerator_names();
-// "gpu" -> "cuda"; others unchanged; nullopt when unknown.
-std::optional<std::string> canonical_accelerator(std::string_view name);
+using loom::accelerator_names;
+using loom::canonical_accelerator;
+using loom::canonical_precision;
+using loom::precision_names;
 
 struct strategy_name {
   std::string name;
   bool built;          // loom has this strategy now
   std::string reason;  // why not, when not built ("no C++ meaning: use ddp")
   std::string description;
+  // What the compatibility rules read (concepts/compatibility_rules.hpp):
+  // the strategy type's is_distributed, runs_on_cpu and runs_on_cuda.
+  bool multi_process = true;
+  bool runs_on_cpu = true;
+  bool runs_on_cuda = true;
 };
 // Lightning's registry names plus loom's own, with what loom has built.
 const std::vector<strategy_name>& strategy_names();
@@ -38,10 +39,5 @@ std::vector<std::string> cli_strategy_names();
 // "a, b, c"
 std::string join(const std::vector<std::string>& names);
 
-// The checks a static Fabric<A, S, P> makes against loom-run's LT_* variables
-// (Lightning raises when a constructor argument differs from the CLI's).
-// Returns an error sentence, empty when all agree.
-std::string cli_conflict(std::string_view accelerator, std::string_view strategy, std::string_view precision,
-                         const std::optional<std::string>& devices, int num_nodes, bool num_nodes_given);
 
 }  // namespace loom::runtime

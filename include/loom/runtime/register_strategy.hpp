@@ -85,6 +85,9 @@ std::vector<std::vector<registry_entry>> entries(const preset<S>&... presets) {
       entry.strategy_type = preset.type;
       entry.accelerator_type = type_name<A>;
       entry.precision_type = type_name<P>;
+      entry.multi_process = is_distributed<strategy_t>;
+      entry.runs_on_cpu = strategy_runs_on_cpu<strategy_t>;
+      entry.runs_on_cuda = strategy_runs_on_cuda<strategy_t>;
       entry.make = [make = preset.make, name = std::string(preset.name)](fabric_options options,
                                                                          option_reader& reader) {
         strategy_t strategy = make(reader);

@@ -28,6 +28,10 @@ struct registry_entry {
   std::string accelerator;  // "cpu" | "cuda"
   std::string precision;    // canonical: "bf16-mixed"
   std::string strategy_type, accelerator_type, precision_type;  // C++ types, for docs
+  // The strategy type's facts for the compatibility rules.
+  bool multi_process = true;
+  bool runs_on_cpu = true;
+  bool runs_on_cuda = true;
   fabric_factory make;
 };
 

@@ -7,6 +7,7 @@
 #include <loom/checkpoint/state.hpp>
 #include <loom/comm/reduce_op.hpp>
 #include <loom/concepts.hpp>
+#include <loom/concepts/compatibility_rules.hpp>
 #include <loom/errors.hpp>
 #include <loom/strategy/collectives.hpp>
 #include <loom/util/apply_to_collection.hpp>
@@ -30,12 +31,14 @@ struct strategy_base {
   // One process: `devices` must select one device, on one node.
   void setup_environment(const strategy_environment& environment) {
     const device_selection selection = environment.parse_devices(environment.requested);
-    if (selection.count() != 1 || environment.num_nodes != 1) {
-      throw configuration_error("strategy '" + std::string(environment.strategy) +
-                                "' runs one process on one device, but devices=" + environment.requested.to_string() +
-                                " and num_nodes=" + std::to_string(environment.num_nodes) + " ask for " +
-                                std::to_string(selection.count() * environment.num_nodes) +
-                                ". Use devices=1, or a distributed strategy such as loom::ddp.");
+    const rules::strategy_facts one_process{.name = environment.strategy};
+    if (rules::processes_fit(one_process, static_cast<int>(selection.count()), environment.num_nodes) !=
+        rules::rule::none) {
+      throw configuration_error("strategy '" + std::string(environment.strategy) + "': devices=" +
+                                environment.requested.to_string() + " and num_nodes=" +
+                                std::to_string(environment.num_nodes) + " ask for " +
+                                std::to_string(selection.count() * environment.num_nodes) + " processes; " +
+                                std::string(rules::reason(rules::rule::one_process)));
     }
     device_ = environment.device_of(selection, 0);
   }

@@ -34,8 +34,6 @@
 
 namespace loom {
 
-class AnyFabric;
-
 // What fit returns.
 struct fit_result {
   std::int64_t epochs = 0;       // epochs finished
@@ -47,33 +45,23 @@ struct fit_result {
 
 namespace detail {
 
-// Whether a Fabric type can skip gradient synchronisation, known at compile
-// time for a static Fabric (AnyFabric asks its strategy at run time).
-template <class F>
-constexpr bool static_no_sync() {
-  if constexpr (requires { typename F::strategy_type; }) return supports_no_backward_sync<typename F::strategy_type>;
-  else return false;
-}
-
 // Runs body() with gradient synchronisation skipped when skip is true (all
 // but the last micro-batch of an accumulation window). A strategy that
 // cannot skip it either does not synchronise at all or always does; then the
 // body simply runs.
+// The same code for a static Fabric (may_skip_backward_sync and
+// supports_no_backward_sync() are compile-time constants there) and for
+// AnyFabric (the strategy answers at run time).
 template <class F, class Model, class Body>
 void with_sync_skipped(F& fabric, Model& model, bool skip, Body&& body) {
-  if constexpr (static_no_sync<F>()) {
-    auto guard = fabric.no_backward_sync(model, skip);
-    body();
-  } else if constexpr (std::is_same_v<F, AnyFabric>) {
-    if (skip && fabric.supports_no_backward_sync()) {
-      auto guard = fabric.no_backward_sync(model, true);
+  if constexpr (F::may_skip_backward_sync) {
+    if (fabric.supports_no_backward_sync()) {
+      auto guard = fabric.no_backward_sync(model, skip);
       body();
-    } else {
-      body();
+      return;
     }
-  } else {
-    body();
   }
+  body();
 }
 
 // Lightning's _extract_batch_size: the first dimension of the batch's first tensor.

@@ -1,0 +1,98 @@
+// Which Accelerator x Strategy x Precision combinations can run, as rules
+// over a few facts of each policy. Written once, read twice: Fabric takes the
+// facts from the types (compatibility.hpp: a static_assert per rule), the
+// connector from its name tables (the same sentence as a configuration_error).
+// Torch-free, so loom-run checks its flags with it before starting anything.
+#pragma once
+
+#include <string_view>
+
+// Each rule's sentence, as a literal: C++20's static_assert takes only
+// literals, so the table below and compatibility.hpp's static_asserts both
+// spell them through these names.
+#define LOOM_RULE_FP16_TRUE_WITHOUT_KERNELS                                                                         \
+  "16-true cannot run on this accelerator: LibTorch 1.13 has no fp16 matmul kernels on CPU. Use bf16-true "        \
+  "(loom::bf16) or bf16-mixed (loom::bf16_mixed) on cpu, or cuda for 16-true."
+#define LOOM_RULE_FP16_AUTOCAST_WITHOUT_KERNELS                                                                     \
+  "16-mixed cannot run on this accelerator: LibTorch 1.13 refuses fp16 autocast on CPU. Use bf16-mixed "           \
+  "(loom::bf16_mixed) on cpu, or cuda for 16-mixed."
+#define LOOM_RULE_STRATEGY_NOT_ON_ACCELERATOR                                                                       \
+  "the strategy does not run on this accelerator (its runs_on_cpu / runs_on_cuda traits say so). Choose another "   \
+  "accelerator or strategy."
+#define LOOM_RULE_ONE_PROCESS                                                                                       \
+  "the strategy runs one process on one device, but more were asked for. Use devices=1, or a distributed "          \
+  "strategy such as loom::ddp."
+
+namespace loom::rules {
+
+// What the rules read of each policy.
+struct accelerator_facts {
+  std::string_view name;
+  bool fp16_compute = true;  // fp16 matmul and fp16 autocast have kernels
+};
+struct precision_facts {
+  std::string_view name;
+  bool fp16 = false;   // computes in float16 (16-true, 16-mixed)
+  bool mixed = false;  // autocast over fp32 weights
+};
+struct strategy_facts {
+  std::string_view name;
+  bool multi_process = false;  // more than one process (else: one process, one device)
+  bool runs_on_cpu = true;
+  bool runs_on_cuda = true;
+};
+
+enum class rule {
+  none,
+  fp16_true_without_kernels,
+  fp16_autocast_without_kernels,
+  strategy_not_on_accelerator,
+  one_process,
+};
+
+struct rule_reason {
+  rule id;
+  std::string_view sentence;
+};
+
+// The one table of reasons.
+inline constexpr rule_reason reasons[] = {
+    {rule::fp16_true_without_kernels, LOOM_RULE_FP16_TRUE_WITHOUT_KERNELS},
+    {rule::fp16_autocast_without_kernels, LOOM_RULE_FP16_AUTOCAST_WITHOUT_KERNELS},
+    {rule::strategy_not_on_accelerator, LOOM_RULE_STRATEGY_NOT_ON_ACCELERATOR},
+    {rule::one_process, LOOM_RULE_ONE_PROCESS},
+};
+
+constexpr std::string_view reason(rule id) {
+  for (const auto& entry : reasons) {
+    if (entry.id == id) return entry.sentence;
+  }
+  return {};
+}
+
+// The first rule the combination breaks, or rule::none.
+constexpr rule first_broken(const accelerator_facts& accelerator, const strategy_facts& strategy,
+                            const precision_facts& precision) {
+  const bool cuda = accelerator.name == "cuda";
+  if (!(cuda ? strategy.runs_on_cuda : strategy.runs_on_cpu)) return rule::strategy_not_on_accelerator;
+  if (precision.fp16 && !precision.mixed && !accelerator.fp16_compute) return rule::fp16_true_without_kernels;
+  if (precision.fp16 && precision.mixed && !accelerator.fp16_compute) return rule::fp16_autocast_without_kernels;
+  return rule::none;
+}
+
+// The process count a strategy can take (the devices side of the same question).
+constexpr rule processes_fit(const strategy_facts& strategy, int processes_per_node, int num_nodes) {
+  return !strategy.multi_process && (processes_per_node > 1 || num_nodes > 1) ? rule::one_process : rule::none;
+}
+
+// The built-in accelerators' and precisions' facts by name (the connector's side).
+constexpr accelerator_facts builtin_accelerator(std::string_view name) {
+  return {.name = name, .fp16_compute = name == "cuda"};
+}
+constexpr precision_facts builtin_precision(std::string_view canonical_name) {
+  return {.name = canonical_name,
+          .fp16 = canonical_name == "16-true" || canonical_name == "16-mixed",
+          .mixed = canonical_name == "16-mixed" || canonical_name == "bf16-mixed"};
+}
+
+}  // namespace loom::rules
