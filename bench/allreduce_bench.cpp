@@ -12,6 +12,8 @@
 #include <loom/compat_c10d.hpp>
 #include <loom/loom.hpp>
 
+#include "median.hpp"
+
 #include "comm/process_group_state.hpp"  // loom's group's c10d backend (src/, not installed)
 
 #include <algorithm>
@@ -24,11 +26,7 @@
 
 namespace {
 
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t n = values.size();
-  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
+using loom_bench::median;
 
 }  // namespace
 

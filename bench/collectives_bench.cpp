@@ -13,6 +13,8 @@
 // 1/N-th, all_gather_into fills it from 1/N-th.
 #include <loom/loom.hpp>
 
+#include "median.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -23,11 +25,7 @@
 
 namespace {
 
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t n = values.size();
-  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
+using loom_bench::median;
 
 }  // namespace
 

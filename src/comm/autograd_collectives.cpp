@@ -39,7 +39,8 @@ int64_t normalized(const at::Tensor& input, int64_t dim) {
 }
 
 // [size * ...] gathered chunks laid side by side along dim.
-at::Tensor gather_along(process_group group, const at::Tensor& input, int64_t dim) {
+at::Tensor gather_along(const process_group& shared, const at::Tensor& input, int64_t dim) {
+  process_group group = shared;  // a handle: its collectives are non-const
   if (group.size() == 1) return input;
   const at::Tensor source = input.contiguous();
   std::vector<int64_t> stacked_shape{group.size()};
@@ -50,7 +51,8 @@ at::Tensor gather_along(process_group group, const at::Tensor& input, int64_t di
 }
 
 // This rank's chunk along dim of the sum over the ranks.
-at::Tensor reduce_scatter_along(process_group group, const at::Tensor& input, int64_t dim) {
+at::Tensor reduce_scatter_along(const process_group& shared, const at::Tensor& input, int64_t dim) {
+  process_group group = shared;  // a handle: its collectives are non-const
   if (group.size() == 1) return input;
   if (input.size(dim) % group.size() != 0) {
     throw configuration_error("reduce_scatter_with_grad: dimension " + std::to_string(dim) + " has size " +
@@ -73,7 +75,8 @@ at::Tensor own_chunk(const process_group& group, const at::Tensor& input, int64_
   return input.chunk(group.size(), dim)[group.rank()].contiguous();
 }
 
-at::Tensor summed(process_group group, const at::Tensor& input) {
+at::Tensor summed(const process_group& shared, const at::Tensor& input) {
+  process_group group = shared;  // a handle: its collectives are non-const
   at::Tensor result = input.contiguous().clone();
   group.all_reduce(result, reduce_op::sum);
   return result;
@@ -118,29 +121,22 @@ struct all_gather_function : torch::autograd::Function<all_gather_function> {
   }
 };
 
-struct reduce_scatter_function : torch::autograd::Function<reduce_scatter_function> {
+// A forward along a dimension whose backward all-gathers along it
+// (reduce-scatter, and the split that keeps this rank's chunk).
+template <at::Tensor (*Forward)(const process_group&, const at::Tensor&, int64_t)>
+struct gathered_in_backward : torch::autograd::Function<gathered_in_backward<Forward>> {
   static at::Tensor forward(AutogradContext* context, const at::Tensor& input, c10::IValue group, int64_t dim) {
     context->saved_data["group"] = group;
     context->saved_data["dim"] = dim;
-    return reduce_scatter_along(group_of(group), input, dim);
+    return Forward(group_of(group), input, dim);
   }
   static variable_list backward(AutogradContext* context, variable_list gradients) {
     return {gather_along(group_of(context->saved_data["group"]), gradients[0], context->saved_data["dim"].toInt()),
             at::Tensor(), at::Tensor()};
   }
 };
-
-struct scatter_function : torch::autograd::Function<scatter_function> {
-  static at::Tensor forward(AutogradContext* context, const at::Tensor& input, c10::IValue group, int64_t dim) {
-    context->saved_data["group"] = group;
-    context->saved_data["dim"] = dim;
-    return own_chunk(group_of(group), input, dim);
-  }
-  static variable_list backward(AutogradContext* context, variable_list gradients) {
-    return {gather_along(group_of(context->saved_data["group"]), gradients[0], context->saved_data["dim"].toInt()),
-            at::Tensor(), at::Tensor()};
-  }
-};
+using reduce_scatter_function = gathered_in_backward<&reduce_scatter_along>;
+using scatter_function = gathered_in_backward<&own_chunk>;
 
 }  // namespace
 

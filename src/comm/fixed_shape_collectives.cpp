@@ -249,6 +249,25 @@ void finish(const process_group_state& state, work_slot& slot) {
   }
 }
 
+// The checks both fixed-shape forms share: one output per input, and on a
+// single process (no group) each output is a copy of its input.
+bool pair_up_or_copy(const char* operation, std::span<const at::Tensor> outs, std::span<const at::Tensor> ins,
+                     bool has_group) {
+  if (outs.size() != ins.size()) {
+    throw configuration_error(std::string(operation) + ": " + std::to_string(outs.size()) + " outputs for " +
+                              std::to_string(ins.size()) + " inputs");
+  }
+  if (has_group) return false;
+  for (std::size_t i = 0; i < outs.size(); ++i) {
+    if (outs[i].numel() != ins[i].numel()) {
+      throw configuration_error(std::string(operation) + ": out " + describe(outs[i]) + " must hold in's " +
+                                std::to_string(ins[i].numel()) + " elements on one process");
+    }
+    if (outs[i].data_ptr() != ins[i].data_ptr()) outs[i].view({-1}).copy_(ins[i].reshape({-1}));
+  }
+  return true;
+}
+
 }  // namespace
 
 void work::wait() {
@@ -285,21 +304,8 @@ work process_group::reduce_scatter_into(const at::Tensor& out, const at::Tensor&
 }
 
 work process_group::all_gather_into(std::span<const at::Tensor> outs, std::span<const at::Tensor> ins) {
-  if (outs.size() != ins.size()) {
-    throw configuration_error("all_gather_into: " + std::to_string(outs.size()) + " outputs for " +
-                              std::to_string(ins.size()) + " inputs");
-  }
+  if (pair_up_or_copy("all_gather_into", outs, ins, state_ != nullptr)) return {};
   const int world = size();
-  if (!state_) {
-    for (std::size_t i = 0; i < outs.size(); ++i) {
-      if (outs[i].numel() != ins[i].numel()) {
-        throw configuration_error("all_gather_into: out " + describe(outs[i]) + " must hold in's " +
-                                  std::to_string(ins[i].numel()) + " elements on one process");
-      }
-      if (outs[i].data_ptr() != ins[i].data_ptr()) outs[i].view({-1}).copy_(ins[i].reshape({-1}));
-    }
-    return {};
-  }
   for (std::size_t i = 0; i < outs.size(); ++i) {
     validate_pair(*state_, "all_gather_into", outs[i], ins[i], ins[i].numel() * world, ins[i].numel());
   }
@@ -310,22 +316,9 @@ work process_group::all_gather_into(std::span<const at::Tensor> outs, std::span<
 
 work process_group::reduce_scatter_into(std::span<const at::Tensor> outs, std::span<const at::Tensor> ins,
                                         reduce_op op) {
-  if (outs.size() != ins.size()) {
-    throw configuration_error("reduce_scatter_into: " + std::to_string(outs.size()) + " outputs for " +
-                              std::to_string(ins.size()) + " inputs");
-  }
   for (const auto& in : ins) check_mean_dtype(in, op);
+  if (pair_up_or_copy("reduce_scatter_into", outs, ins, state_ != nullptr)) return {};
   const int world = size();
-  if (!state_) {
-    for (std::size_t i = 0; i < outs.size(); ++i) {
-      if (outs[i].numel() != ins[i].numel()) {
-        throw configuration_error("reduce_scatter_into: out " + describe(outs[i]) + " must hold in's " +
-                                  std::to_string(ins[i].numel()) + " elements on one process");
-      }
-      if (outs[i].data_ptr() != ins[i].data_ptr()) outs[i].view({-1}).copy_(ins[i].reshape({-1}));
-    }
-    return {};
-  }
   for (std::size_t i = 0; i < outs.size(); ++i) {
     validate_pair(*state_, "reduce_scatter_into", outs[i], ins[i], outs[i].numel(), outs[i].numel() * world);
   }
