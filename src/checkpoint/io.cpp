@@ -121,8 +121,8 @@ void save_checkpoint(const std::string& path, const state& state, const state_fi
     if (entry == nullptr) {
       fail(path, "filter names '" + name + "', which is not in the state (entries: " + join(state.names()) + ")");
     }
-    if (entry->slot().kind() != "module") {
-      fail(path, "filter names '" + name + "', a " + std::string(entry->slot().kind()) +
+    if (entry->io().kind() != "module") {
+      fail(path, "filter names '" + name + "', a " + std::string(entry->io().kind()) +
                      "; filters apply to modules (their state-dict items)");
     }
   }
@@ -137,7 +137,7 @@ void save_checkpoint(const std::string& path, const state& state, const state_fi
   for (const auto& entry : state.entries()) {
     if (entry.name() == metadata_key) fail(path, std::string("'") + metadata_key + "' is reserved for loom");
     auto it = filter.find(entry.name());
-    entries.insert(entry.name(), entry.slot().save(it == filter.end() ? nullptr : &it->second));
+    entries.insert(entry.name(), entry.io().save(it == filter.end() ? nullptr : &it->second));
   }
   const std::vector<char> payload = torch::pickle_save(entries);
 
@@ -214,8 +214,8 @@ state load_checkpoint(const std::string& path, const state& target, bool strict)
       if (entry.required()) missing.push_back(entry.name());
       continue;
     }
-    std::string problem = entry.slot().validate(it->value(), strict);
-    if (!problem.empty()) problems.push_back("'" + entry.name() + "' (" + std::string(entry.slot().kind()) + "): " + problem);
+    std::string problem = entry.io().validate(it->value(), strict);
+    if (!problem.empty()) problems.push_back("'" + entry.name() + "' (" + std::string(entry.io().kind()) + "): " + problem);
   }
   if (strict && !missing.empty()) {
     std::vector<std::string> present;
@@ -230,30 +230,30 @@ state load_checkpoint(const std::string& path, const state& target, bool strict)
   }
 
   // 2. Entries whose load can still fail go first, each after a snapshot.
-  std::vector<std::pair<detail::state_slot*, c10::IValue>> undo;
+  std::vector<std::pair<detail::entry_io*, c10::IValue>> undo;
   for (const auto& entry : target.entries()) {
     auto it = contents.entries.find(entry.name());
-    if (it == contents.entries.end() || !entry.slot().fallible_load()) continue;
-    c10::IValue before = entry.slot().snapshot();
+    if (it == contents.entries.end() || !entry.io().fallible_load()) continue;
+    c10::IValue before = entry.io().snapshot();
     try {
-      entry.slot().load(it->value(), strict);
+      entry.io().load(it->value(), strict);
     } catch (const std::exception& error) {
       // Put back this entry (it may be half-loaded) and those loaded before it.
       try {
-        entry.slot().load(before, false);
-        for (auto& [slot, value] : undo) slot->load(value, false);
+        entry.io().load(before, false);
+        for (auto& [io, value] : undo) io->load(value, false);
       } catch (...) {
       }
-      fail(path, "cannot load '" + entry.name() + "' (" + std::string(entry.slot().kind()) + "): " + error.what() +
+      fail(path, "cannot load '" + entry.name() + "' (" + std::string(entry.io().kind()) + "): " + error.what() +
                      "; nothing was changed");
     }
-    undo.emplace_back(&entry.slot(), std::move(before));
+    undo.emplace_back(&entry.io(), std::move(before));
   }
   // 3. The rest were validated and cannot fail.
   for (const auto& entry : target.entries()) {
     auto it = contents.entries.find(entry.name());
-    if (it == contents.entries.end() || entry.slot().fallible_load()) continue;
-    entry.slot().load(it->value(), strict);
+    if (it == contents.entries.end() || entry.io().fallible_load()) continue;
+    entry.io().load(it->value(), strict);
   }
 
   state remainder;

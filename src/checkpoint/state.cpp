@@ -1,4 +1,4 @@
-// The slots behind loom::state: how each kind of entry saves, validates and
+// The entry I/O behind loom::state: how each kind of entry saves, validates and
 // restores itself.
 #include <loom/checkpoint/state.hpp>
 #include <loom/errors.hpp>
@@ -34,9 +34,9 @@ std::vector<std::pair<std::string, at::Tensor>> module_items(const torch::nn::Mo
   return items;
 }
 
-class module_state final : public state_slot {
+class module_io_impl final : public entry_io {
  public:
-  explicit module_state(std::shared_ptr<torch::nn::Module> module) : module_(std::move(module)) {}
+  explicit module_io_impl(std::shared_ptr<torch::nn::Module> module) : module_(std::move(module)) {}
   std::string_view kind() const noexcept override { return "module"; }
 
   c10::IValue save(const state_filter::mapped_type* filter) const override {
@@ -104,9 +104,9 @@ class module_state final : public state_slot {
 
 // LibTorch optimizers serialise themselves into an archive; its bytes are kept
 // as a uint8 tensor, next to the optimizer's type so a mix-up is caught early.
-class optimizer_state final : public state_slot {
+class optimizer_io_impl final : public entry_io {
  public:
-  explicit optimizer_state(torch::optim::Optimizer& optimizer)
+  explicit optimizer_io_impl(torch::optim::Optimizer& optimizer)
       : optimizer_(&optimizer), type_(c10::demangle(typeid(optimizer).name())) {}
   std::string_view kind() const noexcept override { return "optimizer"; }
   bool fallible_load() const noexcept override { return true; }
@@ -154,9 +154,9 @@ class optimizer_state final : public state_slot {
   std::string type_;
 };
 
-class tensor_state final : public state_slot {
+class tensor_io_impl final : public entry_io {
  public:
-  explicit tensor_state(at::Tensor& tensor) : tensor_(&tensor) {}
+  explicit tensor_io_impl(at::Tensor& tensor) : tensor_(&tensor) {}
   std::string_view kind() const noexcept override { return "tensor"; }
   c10::IValue save(const state_filter::mapped_type* /*filter*/) const override { return tensor_->detach(); }
   c10::IValue snapshot() const override {
@@ -180,9 +180,9 @@ class tensor_state final : public state_slot {
   at::Tensor* tensor_;
 };
 
-class owned_state final : public state_slot {
+class owned_io_impl final : public entry_io {
  public:
-  explicit owned_state(c10::IValue value) : value_(std::move(value)) {}
+  explicit owned_io_impl(c10::IValue value) : value_(std::move(value)) {}
   std::string_view kind() const noexcept override { return "value"; }
   c10::IValue save(const state_filter::mapped_type* /*filter*/) const override { return value_; }
   std::string validate(const c10::IValue& /*value*/, bool /*strict*/) const override { return ""; }
@@ -193,9 +193,9 @@ class owned_state final : public state_slot {
   c10::IValue value_;
 };
 
-class stateful_state final : public state_slot {
+class stateful_io_impl final : public entry_io {
  public:
-  stateful_state(std::function<c10::IValue()> save, std::function<void(const c10::IValue&)> load, std::string kind)
+  stateful_io_impl(std::function<c10::IValue()> save, std::function<void(const c10::IValue&)> load, std::string kind)
       : save_(std::move(save)), load_(std::move(load)), kind_(std::move(kind)) {}
   std::string_view kind() const noexcept override { return kind_; }
   bool fallible_load() const noexcept override { return true; }
@@ -211,17 +211,17 @@ class stateful_state final : public state_slot {
 
 }  // namespace
 
-std::shared_ptr<state_slot> module_slot(std::shared_ptr<torch::nn::Module> module) {
-  return std::make_shared<module_state>(std::move(module));
+std::shared_ptr<entry_io> module_io(std::shared_ptr<torch::nn::Module> module) {
+  return std::make_shared<module_io_impl>(std::move(module));
 }
-std::shared_ptr<state_slot> optimizer_slot_for(torch::optim::Optimizer& optimizer) {
-  return std::make_shared<optimizer_state>(optimizer);
+std::shared_ptr<entry_io> optimizer_io(torch::optim::Optimizer& optimizer) {
+  return std::make_shared<optimizer_io_impl>(optimizer);
 }
-std::shared_ptr<state_slot> tensor_slot(at::Tensor& tensor) { return std::make_shared<tensor_state>(tensor); }
-std::shared_ptr<state_slot> owned_slot(c10::IValue value) { return std::make_shared<owned_state>(std::move(value)); }
-std::shared_ptr<state_slot> stateful_slot(std::function<c10::IValue()> save,
+std::shared_ptr<entry_io> tensor_io(at::Tensor& tensor) { return std::make_shared<tensor_io_impl>(tensor); }
+std::shared_ptr<entry_io> owned_io(c10::IValue value) { return std::make_shared<owned_io_impl>(std::move(value)); }
+std::shared_ptr<entry_io> stateful_io(std::function<c10::IValue()> save,
                                           std::function<void(const c10::IValue&)> load, std::string kind) {
-  return std::make_shared<stateful_state>(std::move(save), std::move(load), std::move(kind));
+  return std::make_shared<stateful_io_impl>(std::move(save), std::move(load), std::move(kind));
 }
 
 }  // namespace detail
@@ -246,9 +246,9 @@ std::vector<std::string> state::names() const {
 const c10::IValue& state::owned_value(std::string_view name) const {
   const auto* entry = find(name);
   if (entry == nullptr) throw std::out_of_range("loom::state has no entry '" + std::string(name) + "'");
-  const auto* value = entry->slot().owned();
+  const auto* value = entry->io().owned();
   if (value == nullptr) {
-    throw std::logic_error("loom::state entry '" + std::string(name) + "' is a " + std::string(entry->slot().kind()) +
+    throw std::logic_error("loom::state entry '" + std::string(name) + "' is a " + std::string(entry->io().kind()) +
                            " held by reference; read the object itself");
   }
   return *value;

@@ -31,8 +31,8 @@ namespace detail {
 // full before anything changes: validate() never mutates, load() may throw
 // only where validation cannot see (an optimizer's inner layout), and
 // snapshot() captures what load() would overwrite, for rollback.
-struct state_slot {
-  virtual ~state_slot() = default;
+struct entry_io {
+  virtual ~entry_io() = default;
   virtual std::string_view kind() const noexcept = 0;
   virtual c10::IValue save(const state_filter::mapped_type* filter) const = 0;
   // Empty string when value can be loaded; else what is wrong with it.
@@ -45,18 +45,18 @@ struct state_slot {
   virtual c10::IValue* owned() noexcept { return nullptr; }
 };
 
-std::shared_ptr<state_slot> module_slot(std::shared_ptr<torch::nn::Module> module);
-std::shared_ptr<state_slot> optimizer_slot_for(torch::optim::Optimizer& optimizer);
-std::shared_ptr<state_slot> tensor_slot(at::Tensor& tensor);
-std::shared_ptr<state_slot> owned_slot(c10::IValue value);
-std::shared_ptr<state_slot> stateful_slot(std::function<c10::IValue()> save,
+std::shared_ptr<entry_io> module_io(std::shared_ptr<torch::nn::Module> module);
+std::shared_ptr<entry_io> optimizer_io(torch::optim::Optimizer& optimizer);
+std::shared_ptr<entry_io> tensor_io(at::Tensor& tensor);
+std::shared_ptr<entry_io> owned_io(c10::IValue value);
+std::shared_ptr<entry_io> stateful_io(std::function<c10::IValue()> save,
                                           std::function<void(const c10::IValue&)> load, std::string kind);
 
 // A plain value by reference: saved as an IValue, checked for its type on load.
 template <class T>
-class value_slot final : public state_slot {
+class value_io final : public entry_io {
  public:
-  explicit value_slot(T& value) : value_(&value) {}
+  explicit value_io(T& value) : value_(&value) {}
   std::string_view kind() const noexcept override { return "value"; }
   c10::IValue save(const state_filter::mapped_type* /*filter*/) const override {
     if constexpr (std::is_same_v<T, bool>) return c10::IValue(*value_);
@@ -101,7 +101,7 @@ class state_entry {
   template <class Holder>
     requires ModuleHolder<Holder>
   state_entry(std::string name, const Holder& module)  // NOLINT
-      : name_(std::move(name)), slot_(detail::module_slot(shared_module(module))) {}
+      : name_(std::move(name)), io_(detail::module_io(shared_module(module))) {}
 
   // What setup returned (a static or an erased Fabric's module wrapper).
   template <class Wrapped>
@@ -114,7 +114,7 @@ class state_entry {
   template <class O>
     requires std::derived_from<O, torch::optim::Optimizer>
   state_entry(std::string name, O& optimizer)  // NOLINT
-      : name_(std::move(name)), slot_(detail::optimizer_slot_for(optimizer)) {}
+      : name_(std::move(name)), io_(detail::optimizer_io(optimizer)) {}
 
   template <class Wrapped>
     requires(!std::derived_from<Wrapped, torch::optim::Optimizer> && requires(Wrapped& wrapped) {
@@ -124,10 +124,10 @@ class state_entry {
       : state_entry(std::move(name), optimizer.optimizer()) {}
 
   state_entry(std::string name, at::Tensor& tensor)  // NOLINT
-      : name_(std::move(name)), slot_(detail::tensor_slot(tensor)) {}
+      : name_(std::move(name)), io_(detail::tensor_io(tensor)) {}
 
   state_entry(std::string name, c10::IValue value)  // NOLINT
-      : name_(std::move(name)), slot_(detail::owned_slot(std::move(value))) {}
+      : name_(std::move(name)), io_(detail::owned_io(std::move(value))) {}
 
   template <class T>
     requires detail::plain_value<std::remove_cvref_t<T>> || std::is_convertible_v<T, std::string_view>
@@ -136,15 +136,15 @@ class state_entry {
     using bare = std::remove_cvref_t<T>;
     if constexpr (std::is_lvalue_reference_v<T> && !std::is_const_v<std::remove_reference_t<T>> &&
                   detail::plain_value<bare>) {
-      slot_ = std::make_shared<detail::value_slot<bare>>(value);
+      io_ = std::make_shared<detail::value_io<bare>>(value);
     } else if constexpr (std::is_same_v<bare, bool>) {
-      slot_ = detail::owned_slot(c10::IValue(static_cast<bool>(value)));
+      io_ = detail::owned_io(c10::IValue(static_cast<bool>(value)));
     } else if constexpr (std::is_integral_v<bare>) {
-      slot_ = detail::owned_slot(c10::IValue(static_cast<int64_t>(value)));
+      io_ = detail::owned_io(c10::IValue(static_cast<int64_t>(value)));
     } else if constexpr (std::is_floating_point_v<bare>) {
-      slot_ = detail::owned_slot(c10::IValue(static_cast<double>(value)));
+      io_ = detail::owned_io(c10::IValue(static_cast<double>(value)));
     } else {
-      slot_ = detail::owned_slot(c10::IValue(std::string(std::string_view(value))));
+      io_ = detail::owned_io(c10::IValue(std::string(std::string_view(value))));
     }
   }
 
@@ -153,12 +153,12 @@ class state_entry {
     requires(detail::stateful_object<T> && !std::derived_from<T, torch::optim::Optimizer> && !ModuleHolder<T>)
   state_entry(std::string name, T& object)  // NOLINT
       : name_(std::move(name)),
-        slot_(detail::stateful_slot([&object] { return c10::IValue(object.state_dict()); },
+        io_(detail::stateful_io([&object] { return c10::IValue(object.state_dict()); },
                                     [&object](const c10::IValue& value) { object.load_state_dict(value); },
                                     "stateful object")) {}
 
   const std::string& name() const noexcept { return name_; }
-  detail::state_slot& slot() const noexcept { return *slot_; }
+  detail::entry_io& io() const noexcept { return *io_; }
   // An entry that is not required is skipped by a strict load when the
   // checkpoint lacks it (loom's own "precision" entry).
   bool required() const noexcept { return required_; }
@@ -175,7 +175,7 @@ class state_entry {
   }
 
   std::string name_;
-  std::shared_ptr<detail::state_slot> slot_;
+  std::shared_ptr<detail::entry_io> io_;
   bool required_ = true;
 };
 

@@ -23,18 +23,20 @@ using metrics = std::vector<std::pair<std::string, metric_value>>;
 using hyperparameter = std::variant<bool, std::int64_t, double, std::string>;
 using hyperparameters = std::vector<std::pair<std::string, hyperparameter>>;
 
+// What a type needs to be held by loom::logger (a type-erased holder, the
+// element of fabric_options::loggers): log_metrics(metrics, step).
 template <class L>
-concept Logger = requires(L& logger, const metrics& values, std::optional<std::int64_t> step) {
+concept MetricsLogger = requires(L& logger, const metrics& values, std::optional<std::int64_t> step) {
   logger.log_metrics(values, step);
 };
 
 class logger {
  public:
-  template <Logger L>
+  template <MetricsLogger L>
     requires(!std::is_same_v<std::remove_cvref_t<L>, logger>)
   logger(L&& value)  // NOLINT: implicit, so `.loggers = {loom::csv_logger("logs")}` reads naturally
       : self_(std::make_shared<model<std::remove_cvref_t<L>>>(std::forward<L>(value))) {}
-  template <Logger L>
+  template <MetricsLogger L>
   logger(std::shared_ptr<L> shared) : self_(std::make_shared<model<std::shared_ptr<L>>>(std::move(shared))) {}  // NOLINT
 
   void log_metrics(const metrics& values, std::optional<std::int64_t> step) { self_->log_metrics(values, step); }
