@@ -9,6 +9,7 @@
 #include <loom/loom.hpp>
 #include <loom/any_fabric.hpp>
 #include <loom/runtime/fabric_model.hpp>
+#include <loom/runtime/make_fabric_with_strategy.hpp>
 #include <loom/runtime/registry.hpp>
 
 #include <torch/optim/sgd.h>
@@ -300,4 +301,37 @@ TEST_CASE("the compatibility rules see the same facts from the types as from the
                     Catch::Contains(std::string(loom::rules::reason(loom::rules::rule::fp16_true_without_kernels))));
   CHECK_THROWS_WITH(loom::make_fabric({.strategy = "single_device", .devices = 2}),
                     Catch::Contains(std::string(loom::rules::reason(loom::rules::rule::one_process))));
+}
+
+TEST_CASE("make_fabric takes a ready strategy object, as Lightning's Fabric(strategy=DDPStrategy(...))",
+          "[contract][runtime]") {
+  auto fabric = loom::make_fabric({.precision = "bf16-mixed"}, loom::ddp(loom::ddp_options{.bucket_cap_mb = 7}));
+  using expected = loom::Fabric<loom::cpu, loom::ddp, loom::bf16_mixed>;
+  REQUIRE(fabric.target<expected>() != nullptr);
+  CHECK(fabric.target<expected>()->strategy().options().bucket_cap_mb == 7.0);
+  CHECK(fabric.strategy_name() == "ddp");
+
+  // A strategy no registry knows: the connector reads its facts from the type.
+  models::strategy_calls calls;
+  bare_strategy<> strategy;
+  strategy.calls = &calls;
+  auto bare = loom::make_fabric({}, strategy);
+  REQUIRE(bare.target<loom::Fabric<loom::cpu, bare_strategy<>, loom::fp32>>() != nullptr);
+  loom_test::Mlp net(4, 8, 2);
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  auto [model, optimizer] = bare.setup(net, sgd);
+  bare.backward(model(at::ones({2, 4})).sum());
+  optimizer.step();
+  CHECK(calls.count["backward"] == 1);
+  CHECK(calls.count["optimizer_step"] == 1);
+
+  // The same rules as for names; the object's options are its own.
+  CHECK_THROWS_WITH(loom::make_fabric({.devices = 2}, bare_strategy<>{}),
+                    Catch::Contains(std::string(loom::rules::reason(loom::rules::rule::one_process))));
+  CHECK_THROWS_WITH(loom::make_fabric({.precision = "16-true"}, loom::ddp{}),
+                    Catch::Contains(std::string(loom::rules::reason(loom::rules::rule::fp16_true_without_kernels))));
+  CHECK_THROWS_WITH(loom::make_fabric({.strategy_options = R"({"bucket_cap_mb": 1})"}, loom::ddp{}),
+                    Catch::Contains("the strategy object carries its own options"));
+  CHECK_THROWS_WITH(loom::make_fabric({.strategy = "single_device"}, loom::ddp{}),
+                    Catch::Contains("config.strategy is 'single_device' but the strategy object is a 'ddp'"));
 }

@@ -54,9 +54,15 @@ std::string canonical_or_self(const std::optional<std::string>& canonical, const
 
 connection connect(connector_input input, const machine_facts& machine, const cluster::env_lookup& env) {
   connection out;
-  const auto& find = machine.find_strategy ? machine.find_strategy
-                                           : std::function<const strategy_name*(std::string_view)>(
-                                                 [](std::string_view name) { return runtime::find_strategy(name); });
+  const auto& find_known = machine.find_strategy ? machine.find_strategy
+                                                 : std::function<const strategy_name*(std::string_view)>(
+                                                       [](std::string_view name) { return runtime::find_strategy(name); });
+  const std::optional<strategy_name>& object = input.strategy_object;
+  if (object) input.strategy = object->name;
+  auto find = [&](std::string_view name) -> const strategy_name* {
+    if (object && name == object->name) return &*object;
+    return find_known(name);
+  };
   const std::string available = join(machine.available_strategies);
 
   // 0. Under loom-run, the LT_* values decide.

@@ -82,17 +82,37 @@ machine_facts registry::machine(int cuda_devices, bool cuda_built) const {
 
 namespace loom {
 
-AnyFabric make_fabric(fabric_config config) {
-  auto& shared = runtime::registry::instance();
+namespace runtime {
+
+resolution resolve(const fabric_config& config, std::optional<strategy_name> strategy_object) {
+  auto& shared = registry::instance();
   const bool cuda_built = cuda::built_with_cuda();
-  const runtime::machine_facts machine = shared.machine(cuda_built ? cuda::device_count() : 0, cuda_built);
-  runtime::connector_input input;
+  const machine_facts machine = shared.machine(cuda_built ? cuda::device_count() : 0, cuda_built);
+  connector_input input;
   input.accelerator = config.accelerator;
   input.strategy = config.strategy;
   input.devices = config.devices;
   input.precision = config.precision;
   input.num_nodes = config.num_nodes;
-  const runtime::connection chosen = runtime::connect(std::move(input), machine);
+  input.strategy_object = std::move(strategy_object);
+  resolution out;
+  out.chosen = connect(std::move(input), machine);
+  const auto& cluster = out.chosen.cluster;
+  if (cluster.global_rank.value_or(0) == 0 && cluster.node_rank == 0 && cluster.local_rank == 0) {
+    for (const auto& warning : out.chosen.warnings) std::cerr << "loom: warning: " << warning << '\n';
+  }
+  out.options.devices = out.chosen.devices;
+  out.options.num_nodes = out.chosen.num_nodes;
+  out.options.checked_by_connector = true;
+  return out;
+}
+
+}  // namespace runtime
+
+AnyFabric make_fabric(fabric_config config) {
+  auto& shared = runtime::registry::instance();
+  runtime::resolution resolved = runtime::resolve(config, std::nullopt);
+  const runtime::connection& chosen = resolved.chosen;
   const runtime::registry_entry* entry = shared.find(chosen.accelerator, chosen.strategy, chosen.precision);
   if (entry == nullptr) {
     std::string offered;
@@ -105,17 +125,8 @@ AnyFabric make_fabric(fabric_config config) {
                               "' is not built with precision '" + chosen.precision + "'. Built precisions for it: " +
                               (offered.empty() ? std::string("none") : offered));
   }
-  const bool zero = chosen.cluster.global_rank.value_or(0) == 0 && chosen.cluster.node_rank == 0 &&
-                    chosen.cluster.local_rank == 0;
-  if (zero) {
-    for (const auto& warning : chosen.warnings) std::cerr << "loom: warning: " << warning << '\n';
-  }
-  fabric_options options;
-  options.devices = chosen.devices;
-  options.num_nodes = chosen.num_nodes;
-  options.checked_by_connector = true;
   runtime::option_reader reader(chosen.strategy, config.strategy_options);
-  return AnyFabric(entry->make(std::move(options), reader), std::move(config.loggers), std::move(config.callbacks),
+  return AnyFabric(entry->make(std::move(resolved.options), reader), std::move(config.loggers), std::move(config.callbacks),
                    chosen.warnings);
 }
 

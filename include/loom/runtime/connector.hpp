@@ -41,6 +41,10 @@ struct connector_input {
   devices_spec devices;
   precision_input precision;
   int num_nodes = 1;
+  // A strategy given as an object (make_fabric(config, strategy), Lightning's
+  // Fabric(strategy=DDPStrategy(...))): its name and facts, used instead of
+  // looking the name up.
+  std::optional<strategy_name> strategy_object;
 };
 
 // What this build and machine can run.

@@ -11,9 +11,14 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+namespace loom {
+struct fabric_config;
+}
 
 namespace loom::runtime {
 
@@ -38,6 +43,15 @@ struct registry_entry {
 struct registration_options {
   bool override_existing = false;  // replacing a registered name must be asked for
 };
+
+// make_fabric's first half: the configuration through the connector (with a
+// strategy object's facts in place of a name lookup when one is given), its
+// warnings printed on rank zero, and the Fabric options that follow.
+struct resolution {
+  connection chosen;
+  fabric_options options;
+};
+resolution resolve(const fabric_config& config, std::optional<strategy_name> strategy_object);
 
 class registry {
  public:
