@@ -1,5 +1,5 @@
 #!/bin/sh
-# DDP on real processes: the laws (bit-identical ranks, equivalence with one
+# DDP on real processes: the laws on 2 and 4 ranks (bit-identical ranks, equivalence with one
 # process, accumulation under no_backward_sync with one all-reduce per bucket,
 # unused parameters, checkpoints to and from single_device), started by
 # fabric.launch() and by loom-run; then kill -9 of a rank mid-training ends
@@ -14,6 +14,10 @@ sed -n 's/^law/  law/p' "$WORK/laws"
 timeout 120 "$LOOM_RUN" --strategy ddp --devices 2 "$DDP_WORKER" laws 2 "$MARK" > "$WORK/laws_cli" 2>&1 ||
   { fail "laws (loom-run) exited $?"; cat "$WORK/laws_cli"; }
 expect_contains "$WORK/laws_cli" "ddp laws: world_size=2 all checks passed" "DDP laws under loom-run --strategy ddp"
+# The same laws on 4 ranks (4 processes share 2 cores here).
+timeout 180 "$LOOM_RUN" --strategy ddp --devices 4 "$DDP_WORKER" laws 4 "$MARK" > "$WORK/laws_4" 2>&1 ||
+  { fail "laws on 4 ranks exited $?"; cat "$WORK/laws_4"; }
+expect_contains "$WORK/laws_4" "ddp laws: world_size=4 all checks passed" "DDP laws on 4 ranks"
 
 "$LOOM_RUN" --strategy ddp --devices 2 "$DDP_WORKER" train_forever 2 "$MARK" > "$WORK/train" 2>&1 &
 launcher=$!
