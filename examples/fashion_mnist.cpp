@@ -83,7 +83,7 @@ double run(Fabric& fabric, const options& opts) {
   auto test_set = loom::data::fashion_mnist(opts.data, loom::data::split::test);
   fabric.print("fashion-mnist:", train_set.size().value(), "training and", test_set.size().value(),
                "test images from", opts.data, "| strategy", fabric.strategy_name(), "on", fabric.world_size(),
-               "process(es), precision", std::string(fabric.precision()));
+               "process(es), precision", std::string(fabric.precision_name()));
 
   Classifier net = [&] {
     auto init = fabric.init_module();

@@ -134,7 +134,7 @@ int run(const options& opts) {
   const double flops_per_batch = loom::measure_flops(model, probe).total();
   fabric.print("fashion-mnist:", *train_set.size(), "training and", *val_set.size(), "validation images | strategy",
                fabric.strategy_name(), "on", fabric.world_size(), "process(es), precision",
-               std::string(fabric.precision()), "|", flops_per_batch / 1e6, "MFLOP per batch");
+               std::string(fabric.precision_name()), "|", flops_per_batch / 1e6, "MFLOP per batch");
   for (auto& sink : fabric.loggers()) {
     if (!fabric.is_global_zero()) break;
     sink.log_hyperparams({{"lr", opts.hp.lr},
@@ -142,8 +142,8 @@ int run(const options& opts) {
                           {"epochs", opts.hp.epochs},
                           {"grad_accum_steps", opts.hp.grad_accum},
                           {"channels", opts.hp.channels},
-                          {"strategy", fabric.strategy_name()},
-                          {"precision", std::string(fabric.precision())}});
+                          {"strategy", std::string(fabric.strategy_name())},
+                          {"precision", std::string(fabric.precision_name())}});
   }
 
   loom::trainer trainer(fabric, {.max_epochs = opts.hp.epochs,

@@ -49,7 +49,8 @@ def layer_of(relative):
         return "util"
     if head in ("concepts.hpp", "concepts"):
         return "concepts"
-    if head in ("fabric.hpp", "fabric_options.hpp", "fabric_services.hpp", "compatibility.hpp"):
+    if head in ("fabric.hpp", "basic_fabric.hpp", "static_backend.hpp", "fabric_options.hpp", "fabric_services.hpp",
+                "compatibility.hpp"):
         return "fabric"
     if head in ("any_fabric.hpp",):
         return "runtime"

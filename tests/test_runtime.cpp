@@ -209,7 +209,7 @@ TEST_CASE("AnyFabric from make_fabric trains exactly as the static Fabric", "[ru
   for (const char* precision : {"32-true", "bf16-mixed", "64-true", "bf16-true"}) {
     INFO(precision);
     auto any = loom::make_fabric({.accelerator = "cpu", .strategy = "single_device", .precision = precision});
-    CHECK(any.precision() == precision);
+    CHECK(any.precision_name() == precision);
     std::vector<double> expected;
     if (std::string(precision) == "32-true") {
       loom::Fabric<loom::cpu, loom::single_device, loom::fp32> fabric;
@@ -277,7 +277,7 @@ TEST_CASE("users register their own names; an existing name needs the override f
   register_strategy<loom::single_device>("my_single", "loom::single_device", "a user's name", +make);
   auto fabric = loom::make_fabric({.strategy = "my_single", .precision = "64-true"});
   CHECK(fabric.strategy_name() == "my_single");
-  CHECK(fabric.precision() == "64-true");
+  CHECK(fabric.precision_name() == "64-true");
   CHECK_THROWS_WITH(register_strategy<loom::single_device>("my_single", "loom::single_device", "again", +make),
                     Catch::Contains("already registered"));
   CHECK_THROWS_WITH(register_strategy<loom::single_device>("ddp", "loom::single_device", "shadow", +make),

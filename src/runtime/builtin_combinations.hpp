@@ -15,10 +15,10 @@ namespace loom::runtime::builtin {
 using runtime::entries;
 using runtime::preset;
 
-// Defined one per TU.
-std::vector<std::vector<registry_entry>> single_device_entries();
-std::vector<std::vector<registry_entry>> parallel_entries();
-std::vector<std::vector<registry_entry>> ddp_entries();
+// Defined one per TU, listed once in builtin_families.def.
+#define LOOM_BUILTIN_FAMILY(family) std::vector<std::vector<registry_entry>> family##_entries();
+#include "builtin_families.def"
+#undef LOOM_BUILTIN_FAMILY
 
 // The options every parallel strategy reads (timeout in seconds, process_group_backend).
 void read_parallel_options(option_reader& reader, std::chrono::milliseconds& timeout, comm::backend& backend);

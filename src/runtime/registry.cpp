@@ -12,7 +12,11 @@ namespace loom::runtime {
 registry& registry::instance() {
   static registry* shared = [] {
     auto* made = new registry();  // never destroyed: factories may run during static destruction
-    for (auto* group : {&builtin::single_device_entries, &builtin::parallel_entries, &builtin::ddp_entries}) {
+    for (auto* group : {
+#define LOOM_BUILTIN_FAMILY(family) &builtin::family##_entries,
+#include "builtin_families.def"
+#undef LOOM_BUILTIN_FAMILY
+         }) {
       for (const auto& named : (*group)()) made->add_strategy(named);
     }
     return made;

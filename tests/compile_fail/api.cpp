@@ -1,6 +1,7 @@
 // Each case_* function must fail to compile with the sentence that api.expect
 // gives for it: members a combination cannot honour, and misuse of hooks.
 #include <loom/loom.hpp>
+#include <loom/trainer/hooks.hpp>
 #include <torch/nn/modules/linear.h>
 #include <torch/data/samplers/sequential.h>
 #include <torch/optim/sgd.h>
@@ -23,6 +24,9 @@ struct joint_setup_strategy : loom::strategy_base {
 struct wrong_hook_signature {
   void on_train_batch_end(int) {}
 };
+struct unlisted_trainer_hook {
+  void on_fit_start(loom::fit_context&) {}
+};
 }  // namespace
 
 void case_no_backward_sync_unsupported() {
@@ -32,6 +36,8 @@ void case_no_backward_sync_unsupported() {
 }
 
 void case_callback_signature() { loom::callback entry(wrong_hook_signature{}); }
+
+void case_unlisted_trainer_hook() { loom::callback entry(unlisted_trainer_hook{}); }
 
 void case_call_not_a_hook() {
   loom::Fabric<loom::cpu> fabric;

@@ -131,7 +131,7 @@ void law_accumulation(ddp_fabric& /*unused*/) {
   torch::optim::SGD sgd(net->parameters(), 0.1);
   torch::optim::SGD reference_sgd(reference->parameters(), 0.1);
   auto [model, optimizer] = fabric.setup(net, sgd);
-  auto& engine = *model.strategy_state();
+  auto& engine = *model.session().state();
 
   constexpr int accumulation = 4;
   const int64_t micro = global_batch / w / accumulation;  // rows per rank per micro-batch

@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <memory>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -37,6 +38,14 @@ struct own_hooks<C> {
 };
 template <class C>
 using own_hooks_t = typename own_hooks<C>::type;
+
+// Whether C's loom_hooks lists a hook of this name.
+template <class C>
+constexpr bool lists_hook_named(std::string_view name) {
+  return [name]<class... Hooks>(std::tuple<Hooks...>*) {
+    return ((Hooks::name == name) || ...);
+  }(static_cast<own_hooks_t<C>*>(nullptr));
+}
 }  // namespace detail
 
 class callback {
@@ -77,6 +86,12 @@ class callback {
  private:
   template <class C>
   void bind() {
+    // The trainer's hooks take its own types, so they are declared above
+    // this layer and bound only when listed; a member of their name that is
+    // not listed would silently never be called.
+    static_assert(!requires { &C::on_fit_start; } || detail::lists_hook_named<C>("on_fit_start"),
+                  "loom::callback: your callback has on_fit_start, a hook of loom's trainer; list the trainer's "
+                  "hooks in it: using loom_hooks = loom::trainer_hooks; (from <loom/trainer/hooks.hpp>).");
     type_ = &typeid(C);
     bind_list<C>(static_cast<builtin_hooks*>(nullptr));
     bind_list<C>(static_cast<detail::own_hooks_t<C>*>(nullptr));

@@ -1,4 +1,8 @@
-// The hooks loom and its trainer call, with Lightning's names.
+// Lightning's hook names for the events of a training loop: loom's trainer
+// calls them, and so may any loop written with a Fabric
+// (fabric.call<loom::on_train_epoch_end>(epoch)), so a callback serves both.
+// Their arguments are plain values; the hooks whose arguments are the
+// trainer's own types are the trainer's (trainer/hooks.hpp).
 #pragma once
 
 #include <loom/callbacks/hook.hpp>
@@ -15,11 +19,7 @@ class Optimizer;
 namespace loom {
 
 class state;
-class fit_context;
 
-// From loom's trainer: at the start of fit, with the view of the fit a
-// callback may keep (valid until fit returns).
-LOOM_DECLARE_HOOK(on_fit_start, fit_context& /*fit*/);
 LOOM_DECLARE_HOOK(on_train_start);
 LOOM_DECLARE_HOOK(on_train_end);
 LOOM_DECLARE_HOOK(on_train_epoch_start, std::int64_t /*epoch*/);
@@ -40,7 +40,7 @@ LOOM_DECLARE_HOOK(on_load_checkpoint, state& /*checkpoint*/);
 // The hooks every callback is checked against at registration. A callback
 // that implements hooks of its own lists them: `using loom_hooks = std::tuple<my_hook>;`.
 using builtin_hooks =
-    std::tuple<on_fit_start, on_train_start, on_train_end, on_train_epoch_start, on_train_epoch_end, on_train_batch_start,
+    std::tuple<on_train_start, on_train_end, on_train_epoch_start, on_train_epoch_end, on_train_batch_start,
                on_train_batch_end, on_before_backward, on_before_optimizer_step, on_before_zero_grad,
                on_validation_start, on_validation_end, on_validation_batch_end, on_save_checkpoint,
                on_load_checkpoint>;

@@ -75,9 +75,11 @@ class module_session {
   module_session& operator=(const module_session&) = delete;
 
   // Runs run() (the module's own forward, which writes its result to the
-  // object output refers to) under the precision's context and the
-  // strategy's preparation for backward.
+  // object output refers to) inside the strategy's forward (its preparation
+  // for backward). The precision's part is wrapped_module's (wrap/module.hpp).
   virtual void forward(torch::nn::Module& module, function_ref<void()> run, output_ref output) = 0;
+  // The precision's forward context, emplaced in guard.
+  virtual void forward_context(any_guard& guard) = 0;
   virtual at::Tensor convert_input(const at::Tensor& tensor) const = 0;
   virtual at::Tensor convert_output(const at::Tensor& tensor) const = 0;
   virtual void no_backward_sync(any_guard& guard, bool enabled) = 0;
@@ -122,7 +124,7 @@ class fabric_interface {
   virtual std::unique_ptr<module_session> setup_module_jointly(torch::nn::Module& module,
                                                                std::span<torch::optim::Optimizer* const> optimizers) = 0;
   // A new optimizer slot (the grad scaler keeps per-optimizer state by slot).
-  virtual optimizer_slot setup_optimizer(torch::optim::Optimizer& optimizer) = 0;
+  virtual optimizer_slot next_optimizer_slot(torch::optim::Optimizer& optimizer) = 0;
   virtual void optimizer_step(torch::optim::Optimizer& optimizer, optimizer_slot slot) = 0;
   virtual void zero_grad(torch::optim::Optimizer& optimizer) = 0;
   virtual void unscale_gradients(torch::optim::Optimizer& optimizer, optimizer_slot slot) = 0;

@@ -8,6 +8,7 @@
 #include <loom/runtime/fabric_interface.hpp>
 
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <typeinfo>
 #include <utility>
@@ -32,129 +33,108 @@ class fabric_model final : public fabric_interface {
     return type == typeid(fabric_type) ? static_cast<void*>(&fabric_) : nullptr;
   }
 
-  void launch() override { fabric_.launch(); }
-  bool is_forked_child() const noexcept override {
-    if constexpr (requires(const S& s) { s.is_forked_child(); }) return strategy().is_forked_child();
-    else return false;
-  }
-  int global_rank() const noexcept override { return fabric_.global_rank(); }
-  int local_rank() const noexcept override { return fabric_.local_rank(); }
-  int node_rank() const noexcept override { return fabric_.node_rank(); }
-  int world_size() const noexcept override { return fabric_.world_size(); }
-  c10::Device device() const noexcept override { return fabric_.device(); }
-  bool needs_distributed_sampler() const noexcept override { return loom::needs_distributed_sampler<S>; }
-  bool supports_no_backward_sync() const noexcept override { return loom::supports_no_backward_sync<S>; }
-  bool needs_joint_setup() const noexcept override { return loom::needs_joint_setup<S>; }
+  void launch() override { backend().launch(); }
+  bool is_forked_child() const noexcept override { return backend().is_forked_child(); }
+  int global_rank() const noexcept override { return backend().global_rank(); }
+  int local_rank() const noexcept override { return backend().local_rank(); }
+  int node_rank() const noexcept override { return backend().node_rank(); }
+  int world_size() const noexcept override { return backend().world_size(); }
+  c10::Device device() const noexcept override { return backend().device(); }
+  bool needs_distributed_sampler() const noexcept override { return backend().needs_distributed_sampler(); }
+  bool supports_no_backward_sync() const noexcept override { return backend().supports_no_backward_sync(); }
+  bool needs_joint_setup() const noexcept override { return backend().needs_joint_setup(); }
 
+  // The facade refuses the wrong kind of setup before it reaches here.
   std::unique_ptr<module_session> setup_module(torch::nn::Module& module, bool move_to_device) override {
-    if constexpr (loom::needs_joint_setup<S>) {
-      throw configuration_error("setup_module: strategy '" + name_ +
-                                "' sets up the module and its optimizers together; call "
-                                "fabric.setup(module, optimizer...) instead.");
-    } else {
-      return std::make_unique<session>(fabric_, fabric_.setup_module_state(module, move_to_device));
-    }
+    if constexpr (loom::needs_joint_setup<S>) throw std::logic_error("fabric_model: " + name_ + " needs joint setup");
+    else return std::make_unique<session>(backend().setup_module(module, move_to_device));
   }
   std::unique_ptr<module_session> setup_module_jointly(torch::nn::Module& module,
                                                        std::span<torch::optim::Optimizer* const> optimizers) override {
-    if constexpr (loom::needs_joint_setup<S>) {
-      return std::make_unique<session>(fabric_, fabric_.setup_module_state_jointly(module, optimizers));
-    } else {
-      throw std::logic_error("setup_module_jointly: strategy '" + name_ + "' sets modules up alone");
-    }
+    if constexpr (!loom::needs_joint_setup<S>) throw std::logic_error("fabric_model: " + name_ + " sets modules up alone");
+    else return std::make_unique<session>(backend().setup_module_jointly(module, optimizers));
   }
-  optimizer_slot setup_optimizer(torch::optim::Optimizer& /*optimizer*/) override {
-    return fabric_.next_optimizer_slot();
+  optimizer_slot next_optimizer_slot(torch::optim::Optimizer& optimizer) override {
+    return backend().next_optimizer_slot(optimizer);
   }
   void optimizer_step(torch::optim::Optimizer& optimizer, optimizer_slot slot) override {
-    fabric_.strategy().optimizer_step(fabric_.precision(), optimizer, slot);
+    backend().stepper().step(optimizer, slot);
   }
-  void zero_grad(torch::optim::Optimizer& optimizer) override { fabric_.strategy().zero_grad(optimizer); }
+  void zero_grad(torch::optim::Optimizer& optimizer) override { backend().stepper().zero_grad(optimizer); }
   void unscale_gradients(torch::optim::Optimizer& optimizer, optimizer_slot slot) override {
-    fabric_.precision().unscale_gradients(optimizer, slot);
+    backend().unscale_gradients(optimizer, slot);
   }
-  void backward(const at::Tensor& loss) override { fabric_.backward(loss); }
+  void backward(const at::Tensor& loss) override { backend().backward(loss); }
 
   void autocast(any_guard& guard) const override {
-    guard.emplace_from([this] { return fabric_.autocast(); });
+    guard.emplace_from([this] { return backend().autocast(); });
   }
   void init_context(any_guard& guard) const override {
-    guard.emplace_from([this] { return fabric_.init_tensor(); });
+    guard.emplace_from([this] { return backend().init_context(); });
   }
 
-  void barrier() override { fabric_.barrier(); }
-  at::Tensor all_reduce(const at::Tensor& tensor, reduce_op op) override { return fabric_.all_reduce(tensor, op); }
-  void all_reduce_(at::Tensor& tensor, reduce_op op) override { fabric_.all_reduce_(tensor, op); }
+  void barrier() override { backend().barrier(); }
+  at::Tensor all_reduce(const at::Tensor& tensor, reduce_op op) override { return backend().all_reduce(tensor, op); }
+  void all_reduce_(at::Tensor& tensor, reduce_op op) override { backend().all_reduce_(tensor, op); }
   at::Tensor all_gather(const at::Tensor& tensor, bool sync_grads) override {
-    return fabric_.all_gather(tensor, sync_grads);
+    return backend().all_gather(tensor, sync_grads);
   }
   std::vector<at::Tensor> all_gather_per_rank(const at::Tensor& tensor) override {
-    return fabric_.all_gather_per_rank(tensor);
+    return backend().all_gather_per_rank(tensor);
   }
-  at::Tensor broadcast(const at::Tensor& tensor, int source) override { return fabric_.broadcast(tensor, source); }
+  at::Tensor broadcast(const at::Tensor& tensor, int source) override { return backend().broadcast(tensor, source); }
   at::Tensor reduce_scatter(const at::Tensor& tensor, reduce_op op) override {
-    return fabric_.reduce_scatter(tensor, op);
+    return backend().reduce_scatter(tensor, op);
   }
   c10::IValue broadcast_object(const c10::IValue& value, int source) override {
-    return fabric_.broadcast_object(value, source);
+    return backend().broadcast_object(value, source);
   }
   bool reduce_boolean_decision(bool decision, bool all) override {
-    return fabric_.reduce_boolean_decision(decision, all);
+    return backend().reduce_boolean_decision(decision, all);
   }
 
   void save(const std::string& path, const state& checkpoint, const state_filter& filter) override {
-    fabric_.save(path, checkpoint, filter);
+    backend().save(path, checkpoint, filter);
   }
   state load(const std::string& path, const state& checkpoint, bool strict) override {
-    return fabric_.load(path, checkpoint, strict);
+    return backend().load(path, checkpoint, strict);
   }
 
  private:
-  const S& strategy() const noexcept { return const_cast<fabric_type&>(fabric_).strategy(); }
+  using backend_type = static_backend<A, S, P>;
+  backend_type& backend() noexcept { return fabric_.backend(); }
+  const backend_type& backend() const noexcept { return fabric_.backend(); }
 
+  // The static session, erased: the forward-order rule stays wrapped_module's.
   class session final : public module_session {
    public:
-    session(fabric_type& fabric, typename S::module_state state)
-        : module_session(P::converts_io), fabric_(&fabric), state_(std::move(state)) {}
+    explicit session(typename backend_type::session_type bound) : module_session(P::converts_io), bound_(std::move(bound)) {}
 
     void forward(torch::nn::Module& module, function_ref<void()> run, output_ref output) override {
-      // The same order as fabric_module::forward: the context spans the
-      // strategy's forward; outputs are converted by the caller after it.
-      auto body = [&] {
-        (void)fabric_->strategy().forward(state_, module, [&] {
-          run();
-          return output;
-        });
-      };
-      if constexpr (P::converts_io) {
-        auto context = fabric_->precision().forward_context(A::device_type);
-        body();
-      } else {
-        body();
-      }
+      (void)bound_.forward(module, [&] {
+        run();
+        return output;
+      });
     }
+    void forward_context(any_guard& guard) override {
+      guard.emplace_from([this] { return bound_.forward_context(); });
+    }
+    at::Tensor convert_input(const at::Tensor& tensor) const override { return bound_.convert_input(tensor); }
+    at::Tensor convert_output(const at::Tensor& tensor) const override { return bound_.convert_output(tensor); }
     std::optional<double> clip_gradients(torch::nn::Module& module, const clip_options& options) override {
-      return fabric_->strategy().clip_gradients(state_, module, options);
+      return bound_.clip_gradients(module, options);
     }
-    at::Tensor convert_input(const at::Tensor& tensor) const override {
-      return fabric_->precision().convert_input(tensor);
-    }
-    at::Tensor convert_output(const at::Tensor& tensor) const override {
-      return fabric_->precision().convert_output(tensor);
-    }
+    // The facade refuses a strategy that cannot skip before it reaches here.
     void no_backward_sync(any_guard& guard, bool enabled) override {
       if constexpr (loom::supports_no_backward_sync<S>) {
-        guard.emplace_from([&] { return fabric_->strategy().no_backward_sync(state_, enabled); });
+        guard.emplace_from([&] { return bound_.no_backward_sync(enabled); });
       } else {
-        throw configuration_error("no_backward_sync: strategy '" + std::string(S::name) +
-                                  "' cannot skip gradient synchronisation. Use ddp or single_device, or accumulate "
-                                  "without it.");
+        throw std::logic_error("fabric_model: " + std::string(S::name) + " cannot skip gradient synchronisation");
       }
     }
 
    private:
-    fabric_type* fabric_;
-    typename S::module_state state_;
+    typename backend_type::session_type bound_;
   };
 
   std::string name_;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <loom/callbacks/hooks.hpp>
+#include <loom/trainer/hooks.hpp>
 #include <loom/checkpoint/state.hpp>
 #include <loom/concepts.hpp>
 #include <loom/errors.hpp>

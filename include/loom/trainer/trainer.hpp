@@ -12,7 +12,8 @@
 // validation_frequency epochs (metrics reduced over ranks), logging to the
 // Fabric's loggers, a progress bar, checkpoints every checkpoint_frequency
 // epochs and on stop, and exact resume from any of them. Callbacks registered
-// with the Fabric get the hooks of callbacks/hooks.hpp.
+// with the Fabric get the hooks of callbacks/hooks.hpp, and those of
+// trainer/hooks.hpp that they list.
 #pragma once
 
 #include <loom/trainer/fit_context.hpp>

@@ -1,18 +1,17 @@
-// What setup_module returns: the user's module, unchanged, whose forward runs
-// through the precision (input/output conversion, forward context) and the
-// strategy (gradient-sync preparation). For fp32 on one device both are empty
+// What setup returns for a module: the user's module, unchanged, whose forward
+// runs through a session (the strategy's and precision's view of this module:
+// input/output conversion, the forward context, the strategy's preparation
+// for backward). The forward-order rule lives here, once, for the static
+// session (wrap/strategy_session.hpp) and the erased one
+// (runtime/erased_backend.hpp). For fp32 on one device every step is empty
 // and forward is exactly module->forward(args...).
 #pragma once
 
 #include <loom/util/apply_to_collection.hpp>
+#include <loom/util/decided.hpp>
 #include <loom/util/module_holder.hpp>
 
-#include <c10/core/DeviceType.h>
-#include <torch/nn/module.h>
-#include <torch/nn/pimpl.h>
-
 #include <functional>
-#include <memory>
 #include <type_traits>
 #include <utility>
 
@@ -28,15 +27,22 @@ struct call_forward {
 };
 }  // namespace detail
 
-template <ModuleHolder Holder, class Strategy, class Precision, c10::DeviceType Device>
-class fabric_module {
+// Session: what a module wrapper asks of its strategy and precision.
+//   static constexpr decided io_conversion;      whether inputs/outputs are converted
+//   bool converts_io() const;                    the answer when at_run_time
+//   auto forward_context();                      the precision's guard for the forward
+//   decltype(auto) forward(Module&, Body&&);     body() inside the strategy's forward
+//   at::Tensor convert_input(const at::Tensor&) const;   and convert_output
+//   std::optional<double> clip_gradients(torch::nn::Module&, const clip_options&);
+//   auto no_backward_sync(bool enabled);         the strategy's guard
+template <ModuleHolder Holder, class Session>
+class wrapped_module {
  public:
   using holder_type = Holder;
   using impl_type = module_impl_t<Holder>;
-  using state_type = typename Strategy::module_state;
+  using session_type = Session;
 
-  fabric_module(Holder module, Strategy& strategy, Precision& precision, state_type state)
-      : module_(std::move(module)), strategy_(&strategy), precision_(&precision), state_(std::move(state)) {}
+  wrapped_module(Holder module, Session session) : module_(std::move(module)), session_(std::move(session)) {}
 
   template <class... Args>
   decltype(auto) operator()(Args&&... args) {
@@ -50,49 +56,64 @@ class fabric_module {
 
   // Runs method(module, args...) the way forward runs: inputs converted by
   // the precision, under its context and the strategy's forward (DDP arms
-  // its reducer from the outputs), outputs converted. Lightning redirects
-  // training_step and validation_step through forward for the same reasons;
-  // loom's trainer calls them through here.
+  // its reducer from the outputs), outputs converted after the context ends,
+  // as in Lightning. Lightning redirects training_step and validation_step
+  // through forward for the same reasons; loom's trainer calls them through
+  // here.
   template <class Method, class... Args>
   decltype(auto) run(Method&& method, Args&&... args) {
-    impl_type& impl = *module_;
-    if constexpr (!Precision::converts_io) {
-      return strategy_->forward(state_, impl, [&]() -> decltype(auto) {
-        return std::invoke(method, impl, std::forward<Args>(args)...);
-      });
+    if constexpr (Session::io_conversion == decided::never) {
+      return run_as_written(method, std::forward<Args>(args)...);
+    } else if constexpr (Session::io_conversion == decided::always) {
+      return run_converted(method, std::forward<Args>(args)...);
     } else {
-      const Precision& precision = *precision_;
-      auto to_input = [&precision](const at::Tensor& t) { return precision.convert_input(t); };
-      auto output = [&] {
-        auto context = precision.forward_context(Device);
-        return strategy_->forward(state_, impl, [&] {
-          return std::invoke(method, impl, apply_to_collection(std::forward<Args>(args), to_input)...);
-        });
-      }();  // the context ends before outputs are converted, as in Lightning
-      return apply_to_collection(std::move(output),
-                                 [&precision](const at::Tensor& t) { return precision.convert_output(t); });
+      // Only one of the two runs, so forwarding args in both is safe.
+      if (session_.converts_io()) return run_converted(method, std::forward<Args>(args)...);
+      return run_as_written(method, std::forward<Args>(args)...);
     }
   }
 
   impl_type* operator->() noexcept { return &*module_; }
   const impl_type* operator->() const noexcept { return &*module_; }
   impl_type& operator*() noexcept { return *module_; }
-  // The strategy's state for this module (DDP: its reducer).
-  state_type& strategy_state() noexcept { return state_; }
   // The holder the user passed in (shares the module, like every holder copy).
   Holder& module() noexcept { return module_; }
   const Holder& module() const noexcept { return module_; }
+  // The strategy's and precision's view of this module (DDP: its reducer).
+  Session& session() noexcept { return session_; }
 
  private:
+  template <class Method, class... Args>
+  decltype(auto) run_as_written(Method& method, Args&&... args) {
+    impl_type& impl = *module_;
+    return session_.forward(impl, [&]() -> decltype(auto) {
+      return std::invoke(method, impl, std::forward<Args>(args)...);
+    });
+  }
+
+  template <class Method, class... Args>
+  auto run_converted(Method& method, Args&&... args) {
+    impl_type& impl = *module_;
+    Session& session = session_;
+    auto to_input = [&session](const at::Tensor& t) { return session.convert_input(t); };
+    auto output = [&] {
+      auto context = session.forward_context();
+      return session.forward(impl, [&] {
+        return std::invoke(method, impl, apply_to_collection(std::forward<Args>(args), to_input)...);
+      });
+    }();  // the context ends here, before the outputs are converted
+    return apply_to_collection(std::move(output), [&session](const at::Tensor& t) { return session.convert_output(t); });
+  }
+
   Holder module_;
-  Strategy* strategy_;
-  Precision* precision_;
-  state_type state_;
+  Session session_;
 };
 
+// What setup returned for a module, over any session.
 template <class T>
-inline constexpr bool is_fabric_module = false;
-template <class H, class S, class P, c10::DeviceType D>
-inline constexpr bool is_fabric_module<fabric_module<H, S, P, D>> = true;
+concept WrappedModule = requires {
+  typename T::holder_type;
+  typename T::session_type;
+} && std::is_same_v<T, wrapped_module<typename T::holder_type, typename T::session_type>>;
 
 }  // namespace loom

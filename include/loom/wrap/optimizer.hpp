@@ -1,9 +1,11 @@
-// What setup_optimizers returns: the user's optimizer, whose step runs through
-// the strategy and the precision (for 16-mixed: unscale, skip on inf, rescale).
+// What setup returns for an optimizer: the user's optimizer, whose step runs
+// through a stepper (the strategy and the precision; for 16-mixed: unscale,
+// skip on inf, rescale). The static stepper is wrap/strategy_session.hpp's,
+// the erased one runtime/erased_backend.hpp's.
 #pragma once
 
 #include <loom/compat.hpp>
-#include <loom/concepts.hpp>
+#include <loom/concepts/base.hpp>
 
 #include <torch/optim/optimizer.h>
 
@@ -11,20 +13,22 @@
 
 namespace loom {
 
-template <class O, class Strategy, class Precision>
+// Stepper: void step(torch::optim::Optimizer&, optimizer_slot);
+//          void zero_grad(torch::optim::Optimizer&);
+template <class O, class Stepper>
   requires std::derived_from<O, torch::optim::Optimizer>
-class fabric_optimizer {
+class wrapped_optimizer {
  public:
   using optimizer_type = O;
 
-  fabric_optimizer(O& optimizer, Strategy& strategy, Precision& precision, optimizer_slot slot)
-      : optimizer_(&optimizer), strategy_(&strategy), precision_(&precision), slot_(slot) {}
+  wrapped_optimizer(O& optimizer, Stepper stepper, optimizer_slot slot)
+      : optimizer_(&optimizer), stepper_(stepper), slot_(slot) {}
 
-  void step() { strategy_->optimizer_step(*precision_, *optimizer_, slot_); }
+  void step() { stepper_.step(*optimizer_, slot_); }
 
   // LibTorch's own zero_grad (1.13: zero in place; 2.x: set to none), unless
   // the strategy needs otherwise (DDP's gradient bucket views).
-  void zero_grad() { strategy_->zero_grad(*optimizer_); }
+  void zero_grad() { stepper_.zero_grad(*optimizer_); }
   // The behaviour asked for, on every LibTorch version.
   void zero_grad(bool set_to_none) { compat::zero_grad(*optimizer_, set_to_none); }
 
@@ -32,18 +36,18 @@ class fabric_optimizer {
   const O& optimizer() const noexcept { return *optimizer_; }
   O* operator->() noexcept { return optimizer_; }
   auto& param_groups() noexcept { return optimizer_->param_groups(); }
+  // The precision keeps per-optimizer state (the grad scaler's) by slot.
   optimizer_slot slot() const noexcept { return slot_; }
 
  private:
   O* optimizer_;
-  Strategy* strategy_;
-  Precision* precision_;
+  Stepper stepper_;
   optimizer_slot slot_;
 };
 
 template <class T>
-inline constexpr bool is_fabric_optimizer = false;
-template <class O, class S, class P>
-inline constexpr bool is_fabric_optimizer<fabric_optimizer<O, S, P>> = true;
+inline constexpr bool is_wrapped_optimizer = false;
+template <class O, class Stepper>
+inline constexpr bool is_wrapped_optimizer<wrapped_optimizer<O, Stepper>> = true;
 
 }  // namespace loom

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <loom/callbacks/hooks.hpp>
+#include <loom/trainer/hooks.hpp>
 #include <loom/trainer/fit_context.hpp>
 
 #include <ATen/core/ivalue.h>
@@ -32,6 +33,8 @@ struct early_stopping_options {
 
 class early_stopping {
  public:
+  using loom_hooks = trainer_hooks;  // on_fit_start
+
   explicit early_stopping(early_stopping_options options = {});
 
   void on_fit_start(fit_context& fit) { fit_ = &fit; }

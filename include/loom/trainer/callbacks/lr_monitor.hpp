@@ -6,6 +6,7 @@
 #pragma once
 
 #include <loom/callbacks/hooks.hpp>
+#include <loom/trainer/hooks.hpp>
 #include <loom/trainer/fit_context.hpp>
 
 #include <cstdint>
@@ -26,6 +27,8 @@ struct lr_monitor_options {
 
 class lr_monitor {
  public:
+  using loom_hooks = trainer_hooks;  // on_fit_start
+
   explicit lr_monitor(lr_monitor_options options = {}) : options_(options) {}
 
   void on_fit_start(fit_context& fit) { fit_ = &fit; }

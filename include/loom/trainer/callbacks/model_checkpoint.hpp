@@ -6,6 +6,7 @@
 #pragma once
 
 #include <loom/callbacks/hooks.hpp>
+#include <loom/trainer/hooks.hpp>
 #include <loom/trainer/callbacks/early_stopping.hpp>
 #include <loom/trainer/fit_context.hpp>
 
@@ -30,6 +31,8 @@ struct model_checkpoint_options {
 
 class model_checkpoint {
  public:
+  using loom_hooks = trainer_hooks;  // on_fit_start
+
   explicit model_checkpoint(model_checkpoint_options options = {});
 
   void on_fit_start(fit_context& fit);
