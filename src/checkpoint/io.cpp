@@ -3,11 +3,13 @@
 #include <loom/checkpoint/io.hpp>
 #include <loom/errors.hpp>
 
+#include "torch_archive.hpp"
+#include "file_bytes.hpp"
+
 #include <ATen/ATen.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/serialize.h>
 #include <torch/serialize/input-archive.h>
-#include <zlib.h>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -17,36 +19,18 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 
 namespace loom {
 namespace fs = std::filesystem;
+using detail::crc32_of;
+using detail::little_endian;
 
 namespace {
 
 constexpr char magic[8] = {'L', 'O', 'O', 'M', 'C', 'K', 'P', 'T'};
 constexpr const char* metadata_key = "__loom__";
-
-void put_le(char* out, std::uint64_t value, int bytes) {
-  for (int i = 0; i < bytes; ++i) out[i] = static_cast<char>((value >> (8 * i)) & 0xFF);
-}
-
-std::uint64_t get_le(const char* data, int bytes) {
-  std::uint64_t value = 0;
-  for (int i = 0; i < bytes; ++i) value |= std::uint64_t{static_cast<unsigned char>(data[i])} << (8 * i);
-  return value;
-}
-
-std::uint32_t crc32_of(const char* data, std::size_t size) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  while (size > 0) {
-    const auto chunk = static_cast<uInt>(std::min<std::size_t>(size, 1U << 30));
-    crc = crc32(crc, reinterpret_cast<const Bytef*>(data), chunk);
-    data += chunk;
-    size -= chunk;
-  }
-  return static_cast<std::uint32_t>(crc);
-}
 
 [[noreturn]] void fail(const std::string& path, const std::string& why) {
   throw checkpoint_error("checkpoint " + path + ": " + why);
@@ -64,6 +48,15 @@ std::string join(const std::vector<std::string>& items) {
   std::string out;
   for (const auto& item : items) out += (out.empty() ? "" : ", ") + ("'" + item + "'");
   return out;
+}
+
+// The parameter names of every module entry, for the optimizer entries.
+detail::parameter_names names_of(const state& state) {
+  detail::parameter_names names;
+  for (const auto& entry : state.entries()) {
+    if (const torch::nn::Module* module = entry.io().module()) names.add_module(*module);
+  }
+  return names;
 }
 
 }  // namespace
@@ -133,71 +126,93 @@ void save_checkpoint(const std::string& path, const state& state, const state_fi
   meta.insert("global_rank", metadata.global_rank);
   meta.insert("strategy", metadata.strategy);
   meta.insert("precision", metadata.precision);
+  c10::impl::GenericDict optimizer_types(c10::StringType::get(), c10::StringType::get());
+  for (const auto& entry : state.entries()) {
+    if (std::string type = entry.io().type_name(); !type.empty()) optimizer_types.insert(entry.name(), type);
+  }
+  meta.insert("optimizer_types", optimizer_types);
   entries.insert(metadata_key, meta);
+  const detail::parameter_names names = names_of(state);
   for (const auto& entry : state.entries()) {
     if (entry.name() == metadata_key) fail(path, std::string("'") + metadata_key + "' is reserved for loom");
     auto it = filter.find(entry.name());
-    entries.insert(entry.name(), entry.io().save(it == filter.end() ? nullptr : &it->second));
+    entries.insert(entry.name(), entry.io().save(it == filter.end() ? nullptr : &it->second, names));
   }
-  const std::vector<char> payload = torch::pickle_save(entries);
-
-  std::vector<char> file(checkpoint_header_size + payload.size());
-  std::memcpy(file.data(), magic, sizeof(magic));
-  put_le(file.data() + 8, static_cast<std::uint64_t>(checkpoint_format_version), 4);
-  put_le(file.data() + 12, payload.size(), 8);
-  put_le(file.data() + 20, crc32_of(payload.data(), payload.size()), 4);
-  std::memcpy(file.data() + checkpoint_header_size, payload.data(), payload.size());
-  write_file_atomically(path, file);
+  write_file_atomically(path, detail::write_torch_archive(entries));
 }
+
+namespace {
+
+// Format 1 (loom before the torch.load-readable files): a 24-byte header
+// ("LOOMCKPT", version, payload length, CRC32) before a torch::pickle_save archive.
+c10::IValue read_format_1(const std::vector<char>& bytes, const std::string& path) {
+  static std::atomic<bool> told{false};
+  if (!told.exchange(true)) {
+    std::cerr << "loom: " << path << " is in loom's earlier checkpoint format (1); it loads, and the next save "
+              << "writes the current one, which Python's torch.load reads" << std::endl;
+  }
+  constexpr std::size_t header_size = 24;
+  if (bytes.size() < header_size) fail(path, "is truncated (shorter than the header)");
+  const std::uint64_t length = little_endian(bytes.data() + 12, 8);
+  const auto crc = static_cast<std::uint32_t>(little_endian(bytes.data() + 20, 4));
+  if (bytes.size() - header_size != length) {
+    fail(path, "is truncated or padded: the header declares " + std::to_string(length) + " payload bytes, the file has " +
+                   std::to_string(bytes.size() - header_size));
+  }
+  if (crc32_of(bytes.data() + header_size, length) != crc) fail(path, "is corrupted (CRC32 mismatch)");
+  try {
+    return torch::pickle_load(std::vector<char>(bytes.begin() + header_size, bytes.end()));
+  } catch (const std::exception& error) {
+    fail(path, std::string("cannot be decoded: ") + error.what());
+  }
+}
+
+}  // namespace
 
 checkpoint_contents read_checkpoint(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) fail(path, "is a directory, not a checkpoint file");
   if (!fs::exists(path, ec)) fail(path, "does not exist");
   const std::vector<char> bytes = read_file(path);
-  if (bytes.size() < checkpoint_header_size || std::memcmp(bytes.data(), magic, sizeof(magic)) != 0) {
-    if (bytes.size() >= 2 && bytes[0] == 'P' && bytes[1] == 'K') {
-      fail(path, "is a plain torch file, not a loom checkpoint; load state dicts written by torch::save or "
-                 "Python's torch.save with fabric.load_raw");
-    }
-    fail(path, bytes.size() < checkpoint_header_size ? "is truncated (shorter than the header)"
-                                                      : "is not a loom checkpoint (bad magic number)");
-  }
-  const auto version = static_cast<std::int64_t>(get_le(bytes.data() + 8, 4));
-  if (version > checkpoint_format_version) {
-    fail(path, "has format version " + std::to_string(version) + ", newer than this loom reads (" +
-                   std::to_string(checkpoint_format_version) + ")");
-  }
-  const std::uint64_t length = get_le(bytes.data() + 12, 8);
-  const auto crc = static_cast<std::uint32_t>(get_le(bytes.data() + 20, 4));
-  if (bytes.size() - checkpoint_header_size != length) {
-    fail(path, "is truncated or padded: the header declares " + std::to_string(length) + " payload bytes, the file has " +
-                   std::to_string(bytes.size() - checkpoint_header_size));
-  }
-  if (crc32_of(bytes.data() + checkpoint_header_size, length) != crc) {
-    fail(path, "is corrupted (CRC32 mismatch)");
-  }
   c10::IValue root;
-  try {
-    root = torch::pickle_load(std::vector<char>(bytes.begin() + checkpoint_header_size, bytes.end()));
-  } catch (const std::exception& error) {
-    fail(path, std::string("cannot be decoded: ") + error.what());
+  if (bytes.size() >= sizeof(magic) && std::memcmp(bytes.data(), magic, sizeof(magic)) == 0) {
+    root = read_format_1(bytes, path);
+  } else if (bytes.size() >= 2 && bytes[0] == 'P' && bytes[1] == 'K') {
+    root = detail::read_torch_archive(bytes, path);
+  } else {
+    fail(path, bytes.size() < 22 ? "is truncated (shorter than a zip directory)"
+                                 : "is not a loom checkpoint (neither a torch zip archive nor loom's earlier format)");
   }
-  if (!root.isGenericDict()) fail(path, "does not hold a dict of entries");
+  if (!root.isGenericDict()) fail(path, "does not hold a dict of entries (found " + root.tagKind() + ")");
   checkpoint_contents contents;
   contents.entries = root.toGenericDict();
+  for (const auto& item : contents.entries) {
+    if (!item.key().isString()) fail(path, "holds a dict whose keys are not all strings");
+  }
   auto meta = contents.entries.find(metadata_key);
-  if (meta == contents.entries.end() || !meta->value().isGenericDict()) fail(path, "has no loom metadata");
+  // A dict Python's torch.save wrote has no metadata: it loads as written by one process.
+  if (meta == contents.entries.end()) return contents;
+  if (!meta->value().isGenericDict()) fail(path, std::string("has a '") + metadata_key + "' entry that is not loom's metadata");
   const auto dict = meta->value().toGenericDict();
   auto get = [&](const char* key) {
     auto it = dict.find(key);
     if (it == dict.end()) fail(path, std::string("metadata lacks '") + key + "'");
     return it->value();
   };
+  const std::int64_t version = get("format_version").toInt();
+  if (version > checkpoint_format_version) {
+    fail(path, "has format version " + std::to_string(version) + ", newer than this loom reads (" +
+                   std::to_string(checkpoint_format_version) + ")");
+  }
   contents.metadata.world_size = get("world_size").toInt();
   contents.metadata.global_rank = get("global_rank").toInt();
   contents.metadata.strategy = get("strategy").toStringRef();
   contents.metadata.precision = get("precision").toStringRef();
+  if (auto types = dict.find("optimizer_types"); types != dict.end() && types->value().isGenericDict()) {
+    for (const auto& item : types->value().toGenericDict()) {
+      contents.metadata.optimizer_types[item.key().toStringRef()] = item.value().toStringRef();
+    }
+  }
   (void)contents.entries.erase(metadata_key);
   return contents;
 }
@@ -206,6 +221,7 @@ state load_checkpoint(const std::string& path, const state& target, bool strict)
   checkpoint_contents contents = read_checkpoint(path);
 
   // 1. Validate everything; nothing changes yet.
+  const detail::parameter_names names = names_of(target);
   std::vector<std::string> problems;
   std::vector<std::string> missing;
   for (const auto& entry : target.entries()) {
@@ -214,7 +230,14 @@ state load_checkpoint(const std::string& path, const state& target, bool strict)
       if (entry.required()) missing.push_back(entry.name());
       continue;
     }
-    std::string problem = entry.io().validate(it->value(), strict);
+    const std::string type = entry.io().type_name();
+    auto saved_type = contents.metadata.optimizer_types.find(entry.name());
+    if (!type.empty() && saved_type != contents.metadata.optimizer_types.end() && saved_type->second != type) {
+      problems.push_back("'" + entry.name() + "' (" + std::string(entry.io().kind()) + "): it holds the state of a " +
+                         saved_type->second + ", but the optimizer is a " + type);
+      continue;
+    }
+    std::string problem = entry.io().validate(it->value(), strict, names);
     if (!problem.empty()) problems.push_back("'" + entry.name() + "' (" + std::string(entry.io().kind()) + "): " + problem);
   }
   if (strict && !missing.empty()) {
@@ -234,15 +257,18 @@ state load_checkpoint(const std::string& path, const state& target, bool strict)
   for (const auto& entry : target.entries()) {
     auto it = contents.entries.find(entry.name());
     if (it == contents.entries.end() || !entry.io().fallible_load()) continue;
-    c10::IValue before = entry.io().snapshot();
+    c10::IValue before = entry.io().snapshot(names);
     try {
-      entry.io().load(it->value(), strict);
+      entry.io().load(it->value(), strict, names);
     } catch (const std::exception& error) {
       // Put back this entry (it may be half-loaded) and those loaded before it.
-      try {
-        entry.io().load(before, false);
-        for (auto& [io, value] : undo) io->load(value, false);
-      } catch (...) {
+      // Each on its own: one that cannot be put back must not stop the others.
+      undo.emplace_back(&entry.io(), std::move(before));
+      for (auto& [io, value] : undo) {
+        try {
+          io->load(value, false, names);
+        } catch (...) {
+        }
       }
       fail(path, "cannot load '" + entry.name() + "' (" + std::string(entry.io().kind()) + "): " + error.what() +
                      "; nothing was changed");
@@ -253,7 +279,7 @@ state load_checkpoint(const std::string& path, const state& target, bool strict)
   for (const auto& entry : target.entries()) {
     auto it = contents.entries.find(entry.name());
     if (it == contents.entries.end() || entry.io().fallible_load()) continue;
-    entry.io().load(it->value(), strict);
+    entry.io().load(it->value(), strict, names);
   }
 
   state remainder;
@@ -342,26 +368,6 @@ void apply_state_dict(const std::string& path, torch::nn::Module& module, const 
   for (auto& [target, value] : copies) target.copy_(value);
 }
 
-// Python's torch.save(model.state_dict()) pickles a collections.OrderedDict,
-// which LibTorch 1.13's unpickler cannot read (it crashes); look at the
-// pickle's first object before the unpickler does. (Every tensor's rebuild
-// arguments hold an empty OrderedDict too; the unpickler copes with those.)
-bool pickles_ordered_dict(const std::vector<char>& pickle) {
-  std::string_view rest(pickle.data(), pickle.size());
-  if (rest.size() >= 2 && static_cast<unsigned char>(rest[0]) == 0x80) rest.remove_prefix(2);  // PROTO n
-  if (!rest.empty() && static_cast<unsigned char>(rest[0]) == 0x95 && rest.size() >= 9) rest.remove_prefix(9);  // FRAME
-  // Protocol 2: GLOBAL "collections\nOrderedDict\n"
-  if (rest.starts_with("ccollections\nOrderedDict\n")) return true;
-  // Protocol 4: SHORT_BINUNICODE "collections", SHORT_BINUNICODE "OrderedDict", (MEMOIZE), STACK_GLOBAL
-  static constexpr std::string_view module_name = "\x8c\x0b" "collections";
-  if (rest.starts_with(module_name)) {
-    rest.remove_prefix(module_name.size());
-    if (!rest.empty() && static_cast<unsigned char>(rest[0]) == 0x94) rest.remove_prefix(1);
-    return rest.starts_with("\x8c\x0b" "OrderedDict");
-  }
-  return false;
-}
-
 std::vector<char> read_zip_or_fail(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) fail(path, "does not exist");
@@ -383,17 +389,10 @@ void load_raw_module(const std::string& path, torch::nn::Module& module, bool st
   std::map<std::string, at::Tensor> found;
   std::vector<std::string> unexpected;
   bool torchscript = false;
-  std::vector<char> pickle;
   try {
     std::istringstream stream(std::string(bytes.begin(), bytes.end()));
     caffe2::serialize::PyTorchStreamReader reader(&stream);
     torchscript = reader.hasRecord("constants.pkl");
-    if (!torchscript) {
-      if (!reader.hasRecord("data.pkl")) fail(path, "is a zip archive without data.pkl: not a torch file");
-      auto [data, size] = reader.getRecord("data.pkl");
-      const auto* first = static_cast<const char*>(data.get());
-      pickle.assign(first, first + size);
-    }
   } catch (const checkpoint_error&) {
     throw;
   } catch (const std::exception& error) {
@@ -410,17 +409,9 @@ void load_raw_module(const std::string& path, torch::nn::Module& module, bool st
       fail(path, std::string("cannot be read as a LibTorch module archive: ") + error.what());
     }
   } else {
-    if (pickles_ordered_dict(pickle)) {
-      fail(path, "holds a Python collections.OrderedDict (what model.state_dict() returns), which LibTorch 1.13 "
-                 "cannot unpickle. Save a plain dict instead: torch.save(dict(model.state_dict()), path)");
-    }
-    c10::IValue value;
-    try {
-      value = torch::pickle_load(bytes);
-    } catch (const std::exception& error) {
-      fail(path, std::string("cannot be unpickled: ") + error.what());
-    }
+    const c10::IValue value = detail::read_torch_archive(bytes, path);
     if (!value.isGenericDict()) fail(path, "does not hold a dict of tensors (found " + value.tagKind() + ")");
+    if (value.toGenericDict().contains(metadata_key)) fail(path, "is a loom checkpoint; read it with fabric.load(path, state)");
     for (const auto& item : value.toGenericDict()) {
       if (!item.key().isString() || !item.value().isTensor()) {
         fail(path, "holds a dict whose entries are not all name -> tensor");

@@ -3,6 +3,8 @@
 #include <loom/checkpoint/state.hpp>
 #include <loom/errors.hpp>
 
+#include "optimizer_state.hpp"
+
 #include <ATen/ATen.h>
 #include <c10/util/Type.h>
 #include <torch/serialize/input-archive.h>
@@ -38,8 +40,9 @@ class module_io_impl final : public entry_io {
  public:
   explicit module_io_impl(std::shared_ptr<torch::nn::Module> module) : module_(std::move(module)) {}
   std::string_view kind() const noexcept override { return "module"; }
+  const torch::nn::Module* module() const noexcept override { return module_.get(); }
 
-  c10::IValue save(const state_filter::mapped_type* filter) const override {
+  c10::IValue save(const state_filter::mapped_type* filter, const parameter_names& /*names*/) const override {
     c10::impl::GenericDict dict(c10::StringType::get(), c10::TensorType::get());
     for (auto& [key, tensor] : module_items(*module_)) {
       if (filter != nullptr && *filter && !(*filter)(key, tensor)) continue;
@@ -48,13 +51,13 @@ class module_io_impl final : public entry_io {
     return dict;
   }
 
-  c10::IValue snapshot() const override {
+  c10::IValue snapshot(const parameter_names& /*names*/) const override {
     c10::impl::GenericDict dict(c10::StringType::get(), c10::TensorType::get());
     for (auto& [key, tensor] : module_items(*module_)) dict.insert(key, tensor.detach().clone());
     return dict;
   }
 
-  std::string validate(const c10::IValue& value, bool strict) const override {
+  std::string validate(const c10::IValue& value, bool strict, const parameter_names& /*names*/) const override {
     if (!value.isGenericDict()) return "expected a module state dict, found " + value.tagKind();
     const auto dict = value.toGenericDict();
     std::vector<std::string> missing;
@@ -89,7 +92,7 @@ class module_io_impl final : public entry_io {
     return problems;
   }
 
-  void load(const c10::IValue& value, bool /*strict*/) override {
+  void load(const c10::IValue& value, bool /*strict*/, const parameter_names& /*names*/) override {
     const auto dict = value.toGenericDict();
     at::NoGradGuard no_grad;
     for (auto& [key, tensor] : module_items(*module_)) {
@@ -102,16 +105,20 @@ class module_io_impl final : public entry_io {
   std::shared_ptr<torch::nn::Module> module_;
 };
 
-// LibTorch optimizers serialise themselves into an archive; its bytes are kept
-// as a uint8 tensor, next to the optimizer's type so a mix-up is caught early.
+// SGD, Adam, AdamW, RMSprop and Adagrad in torch.optim's layout
+// (optimizer_state.hpp); other optimizers serialise themselves into a
+// LibTorch archive, kept as a uint8 tensor beside the optimizer's type.
+// Format-1 checkpoints hold every optimizer that second way.
 class optimizer_io_impl final : public entry_io {
  public:
   explicit optimizer_io_impl(torch::optim::Optimizer& optimizer)
       : optimizer_(&optimizer), type_(c10::demangle(typeid(optimizer).name())) {}
   std::string_view kind() const noexcept override { return "optimizer"; }
   bool fallible_load() const noexcept override { return true; }
+  std::string type_name() const override { return type_; }
 
-  c10::IValue save(const state_filter::mapped_type* /*filter*/) const override {
+  c10::IValue save(const state_filter::mapped_type* /*filter*/, const parameter_names& names) const override {
+    if (has_torch_optim_layout(*optimizer_)) return optimizer_to_dict(*optimizer_, names);
     torch::serialize::OutputArchive archive;
     optimizer_->save(archive);
     std::vector<char> bytes;
@@ -128,12 +135,18 @@ class optimizer_io_impl final : public entry_io {
     return dict;
   }
 
-  std::string validate(const c10::IValue& value, bool /*strict*/) const override {
+  std::string validate(const c10::IValue& value, bool /*strict*/, const parameter_names& names) const override {
     if (!value.isGenericDict()) return "expected optimizer state, found " + value.tagKind();
     const auto dict = value.toGenericDict();
+    if (!dict.contains("libtorch_archive")) {
+      if (!has_torch_optim_layout(*optimizer_)) {
+        return "it holds torch.optim's layout, which a " + type_ + " cannot read (it reads LibTorch's archive)";
+      }
+      return check_optimizer_dict(value, *optimizer_, names);
+    }
     auto type = dict.find("type");
     auto blob = dict.find("libtorch_archive");
-    if (type == dict.end() || blob == dict.end() || !type->value().isString() || !blob->value().isTensor()) {
+    if (type == dict.end() || !type->value().isString() || !blob->value().isTensor()) {
       return "expected optimizer state (a dict with 'type' and 'libtorch_archive'), found another dict";
     }
     if (type->value().toStringRef() != type_) {
@@ -142,8 +155,13 @@ class optimizer_io_impl final : public entry_io {
     return "";
   }
 
-  void load(const c10::IValue& value, bool /*strict*/) override {
-    const auto blob = value.toGenericDict().at("libtorch_archive").toTensor().contiguous();
+  void load(const c10::IValue& value, bool /*strict*/, const parameter_names& names) override {
+    const auto dict = value.toGenericDict();
+    if (!dict.contains("libtorch_archive")) {
+      load_optimizer_dict(value, *optimizer_, names);
+      return;
+    }
+    const auto blob = dict.at("libtorch_archive").toTensor().contiguous();
     torch::serialize::InputArchive archive;
     archive.load_from(static_cast<const char*>(blob.data_ptr()), static_cast<size_t>(blob.numel()));
     optimizer_->load(archive);
@@ -158,14 +176,14 @@ class tensor_io_impl final : public entry_io {
  public:
   explicit tensor_io_impl(at::Tensor& tensor) : tensor_(&tensor) {}
   std::string_view kind() const noexcept override { return "tensor"; }
-  c10::IValue save(const state_filter::mapped_type* /*filter*/) const override { return tensor_->detach(); }
-  c10::IValue snapshot() const override {
+  c10::IValue save(const state_filter::mapped_type* /*filter*/, const parameter_names& /*names*/) const override { return tensor_->detach(); }
+  c10::IValue snapshot(const parameter_names& /*names*/) const override {
     return tensor_->defined() ? c10::IValue(tensor_->detach().clone()) : c10::IValue(*tensor_);
   }
-  std::string validate(const c10::IValue& value, bool /*strict*/) const override {
+  std::string validate(const c10::IValue& value, bool /*strict*/, const parameter_names& /*names*/) const override {
     return value.isTensor() ? "" : "expected a tensor, found " + value.tagKind();
   }
-  void load(const c10::IValue& value, bool /*strict*/) override {
+  void load(const c10::IValue& value, bool /*strict*/, const parameter_names& /*names*/) override {
     const auto& loaded = value.toTensor();
     // In place when the shape matches, so aliases of the tensor see the value.
     if (tensor_->defined() && loaded.defined() && tensor_->sizes() == loaded.sizes()) {
@@ -184,9 +202,9 @@ class owned_io_impl final : public entry_io {
  public:
   explicit owned_io_impl(c10::IValue value) : value_(std::move(value)) {}
   std::string_view kind() const noexcept override { return "value"; }
-  c10::IValue save(const state_filter::mapped_type* /*filter*/) const override { return value_; }
-  std::string validate(const c10::IValue& /*value*/, bool /*strict*/) const override { return ""; }
-  void load(const c10::IValue& value, bool /*strict*/) override { value_ = value; }
+  c10::IValue save(const state_filter::mapped_type* /*filter*/, const parameter_names& /*names*/) const override { return value_; }
+  std::string validate(const c10::IValue& /*value*/, bool /*strict*/, const parameter_names& /*names*/) const override { return ""; }
+  void load(const c10::IValue& value, bool /*strict*/, const parameter_names& /*names*/) override { value_ = value; }
   c10::IValue* owned() noexcept override { return &value_; }
 
  private:
@@ -199,9 +217,9 @@ class stateful_io_impl final : public entry_io {
       : save_(std::move(save)), load_(std::move(load)), kind_(std::move(kind)) {}
   std::string_view kind() const noexcept override { return kind_; }
   bool fallible_load() const noexcept override { return true; }
-  c10::IValue save(const state_filter::mapped_type* /*filter*/) const override { return save_(); }
-  std::string validate(const c10::IValue& /*value*/, bool /*strict*/) const override { return ""; }
-  void load(const c10::IValue& value, bool /*strict*/) override { load_(value); }
+  c10::IValue save(const state_filter::mapped_type* /*filter*/, const parameter_names& /*names*/) const override { return save_(); }
+  std::string validate(const c10::IValue& /*value*/, bool /*strict*/, const parameter_names& /*names*/) const override { return ""; }
+  void load(const c10::IValue& value, bool /*strict*/, const parameter_names& /*names*/) override { load_(value); }
 
  private:
   std::function<c10::IValue()> save_;
@@ -222,6 +240,34 @@ std::shared_ptr<entry_io> owned_io(c10::IValue value) { return std::make_shared<
 std::shared_ptr<entry_io> stateful_io(std::function<c10::IValue()> save,
                                           std::function<void(const c10::IValue&)> load, std::string kind) {
   return std::make_shared<stateful_io_impl>(std::move(save), std::move(load), std::move(kind));
+}
+
+void parameter_names::add_module(const torch::nn::Module& module) {
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    const std::string& name = item.key();
+    if (std::find(ambiguous_.begin(), ambiguous_.end(), name) != ambiguous_.end()) continue;
+    auto known = parameters_.find(name);
+    if (known != parameters_.end()) {
+      if (known->second.unsafeGetTensorImpl() == item.value().unsafeGetTensorImpl()) continue;
+      names_.erase(known->second.unsafeGetTensorImpl());
+      parameters_.erase(known);
+      ambiguous_.push_back(name);
+      continue;
+    }
+    parameters_.emplace(name, item.value());
+    names_.emplace(item.value().unsafeGetTensorImpl(), name);
+  }
+}
+
+std::optional<std::string> parameter_names::name_of(const at::Tensor& parameter) const {
+  auto it = names_.find(parameter.unsafeGetTensorImpl());
+  if (it == names_.end()) return std::nullopt;
+  return it->second;
+}
+
+const at::Tensor* parameter_names::parameter(std::string_view name) const {
+  auto it = parameters_.find(name);
+  return it == parameters_.end() ? nullptr : &it->second;
 }
 
 }  // namespace detail

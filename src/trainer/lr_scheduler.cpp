@@ -226,9 +226,10 @@ c10::List<double> to_list(const std::vector<double>& values) {
   for (double v : values) list.push_back(v);
   return list;
 }
+// Checkpoints hold lists untyped (as Python does), so each item is read as a number.
 std::vector<double> from_list(const c10::IValue& value) {
   std::vector<double> out;
-  for (const auto& item : value.toDoubleList()) out.push_back(item);
+  for (const c10::IValue& item : value.toListRef()) out.push_back(item.isInt() ? static_cast<double>(item.toInt()) : item.toDouble());
   return out;
 }
 }  // namespace

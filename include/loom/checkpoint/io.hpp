@@ -1,7 +1,7 @@
 // Reading and writing checkpoints. Files are written to a temporary name in
 // the same directory, flushed and renamed, so a crash never leaves a partial
-// file in place of a good one; reads check length and CRC32 before anything
-// in memory changes.
+// file in place of a good one; reads check every record's CRC32 before
+// anything in memory changes.
 #pragma once
 
 #include <loom/checkpoint/state.hpp>
@@ -9,25 +9,27 @@
 #include <ATen/core/ivalue.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 namespace loom {
 
-inline constexpr std::int64_t checkpoint_format_version = 1;
-
-// The file: "LOOMCKPT", u32 version, u64 payload length, u32 CRC32 (all
-// little-endian), then the payload: a torch zip archive (torch::pickle_save)
-// of a dict {"__loom__": metadata, <entry name>: <entry state>, ...}, which
-// Python reads with torch.load(io.BytesIO(data[24:])).
-inline constexpr std::size_t checkpoint_header_size = 24;
+// 2: a torch zip archive Python's torch.load(path) opens (weights_only=True
+// too): {"__loom__": metadata, <entry name>: <entry state>, ...}, modules as
+// state dicts, SGD/Adam/AdamW/RMSprop/Adagrad in torch.optim's layout keyed
+// by parameter name. 1: a 24-byte header before a torch::pickle_save archive
+// (still read).
+inline constexpr std::int64_t checkpoint_format_version = 2;
 
 struct checkpoint_metadata {
   std::int64_t world_size = 1;
   std::int64_t global_rank = 0;
   std::string strategy;
   std::string precision;
+  // Entry name -> the optimizer's C++ type, checked on load.
+  std::map<std::string, std::string> optimizer_types;
 };
 
 // Writes bytes to path atomically (temporary file, fsync, rename, fsync dir).

@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -27,22 +28,44 @@ using state_filter = std::map<std::string, std::function<bool(std::string_view k
 
 namespace detail {
 
+// The names of the parameters of a checkpoint's module entries (dotted, as in
+// each module's state dict), so an optimizer's state can be keyed by name as
+// torch.optim's full state dicts are.
+class parameter_names {
+ public:
+  void add_module(const torch::nn::Module& module);
+  // nullopt for a parameter of no module entry, or a name two entries share.
+  std::optional<std::string> name_of(const at::Tensor& parameter) const;
+  // The parameter of that name, or nullptr.
+  const at::Tensor* parameter(std::string_view name) const;
+
+ private:
+  std::map<const void*, std::string> names_;
+  std::map<std::string, at::Tensor, std::less<>> parameters_;
+  std::vector<std::string> ambiguous_;
+};
+
 // One saveable thing. Loading is split so a checkpoint can be validated in
 // full before anything changes: validate() never mutates, load() may throw
 // only where validation cannot see (an optimizer's inner layout), and
 // snapshot() captures what load() would overwrite, for rollback.
+// names: the parameter names of the checkpoint's module entries.
 struct entry_io {
   virtual ~entry_io() = default;
   virtual std::string_view kind() const noexcept = 0;
-  virtual c10::IValue save(const state_filter::mapped_type* filter) const = 0;
+  virtual c10::IValue save(const state_filter::mapped_type* filter, const parameter_names& names) const = 0;
   // Empty string when value can be loaded; else what is wrong with it.
-  virtual std::string validate(const c10::IValue& value, bool strict) const = 0;
-  virtual void load(const c10::IValue& value, bool strict) = 0;
+  virtual std::string validate(const c10::IValue& value, bool strict, const parameter_names& names) const = 0;
+  virtual void load(const c10::IValue& value, bool strict, const parameter_names& names) = 0;
   // Whether load() can fail after validate() passed (then a snapshot is taken).
   virtual bool fallible_load() const noexcept { return false; }
-  virtual c10::IValue snapshot() const { return save(nullptr); }
+  virtual c10::IValue snapshot(const parameter_names& names) const { return save(nullptr, names); }
   // For owned values: the value itself (updated by load).
   virtual c10::IValue* owned() noexcept { return nullptr; }
+  // For modules: the module (its parameters name an optimizer's state).
+  virtual const torch::nn::Module* module() const noexcept { return nullptr; }
+  // For optimizers: the C++ type, recorded in the checkpoint's metadata.
+  virtual std::string type_name() const { return {}; }
 };
 
 std::shared_ptr<entry_io> module_io(std::shared_ptr<torch::nn::Module> module);
@@ -58,20 +81,20 @@ class value_io final : public entry_io {
  public:
   explicit value_io(T& value) : value_(&value) {}
   std::string_view kind() const noexcept override { return "value"; }
-  c10::IValue save(const state_filter::mapped_type* /*filter*/) const override {
+  c10::IValue save(const state_filter::mapped_type* /*filter*/, const parameter_names& /*names*/) const override {
     if constexpr (std::is_same_v<T, bool>) return c10::IValue(*value_);
     else if constexpr (std::is_integral_v<T>) return c10::IValue(static_cast<int64_t>(*value_));
     else if constexpr (std::is_floating_point_v<T>) return c10::IValue(static_cast<double>(*value_));
     else return c10::IValue(*value_);
   }
-  std::string validate(const c10::IValue& value, bool /*strict*/) const override {
+  std::string validate(const c10::IValue& value, bool /*strict*/, const parameter_names& /*names*/) const override {
     if constexpr (std::is_same_v<T, bool>) return value.isBool() ? "" : "expected a bool, found " + value.tagKind();
     else if constexpr (std::is_integral_v<T>) return value.isInt() ? "" : "expected an integer, found " + value.tagKind();
     else if constexpr (std::is_floating_point_v<T>)
       return value.isDouble() || value.isInt() ? "" : "expected a number, found " + value.tagKind();
     else return value.isString() ? "" : "expected a string, found " + value.tagKind();
   }
-  void load(const c10::IValue& value, bool /*strict*/) override {
+  void load(const c10::IValue& value, bool /*strict*/, const parameter_names& /*names*/) override {
     if constexpr (std::is_same_v<T, bool>) *value_ = value.toBool();
     else if constexpr (std::is_integral_v<T>) *value_ = static_cast<T>(value.toInt());
     else if constexpr (std::is_floating_point_v<T>)
