@@ -17,6 +17,7 @@
 #include <functional>
 #include <cstring>
 #include <sstream>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 
@@ -276,6 +277,31 @@ TEST_CASE("every optimizer family goes through a checkpoint unchanged: the next 
       CHECK(same_parameters(target, snapshot(source)));
     }
   }
+}
+
+TEST_CASE("publish_directory replaces a checkpoint directory in one step", "[checkpoint]") {
+  loom_test::scratch_dir dir("ckpt-publish");
+  const std::string path = dir.file("sharded");
+  auto stage = [&](const std::string& name, const std::string& content) {
+    const std::string staged = dir.file(name);
+    std::filesystem::create_directories(staged);
+    write_bytes(staged + "/rank-0", content);
+    return staged;
+  };
+  loom::publish_directory(stage("sharded.tmp-1", "first"), path);  // path does not exist yet: a rename
+  CHECK(read_bytes(path + "/rank-0") == "first");
+  CHECK_FALSE(std::filesystem::exists(dir.file("sharded.tmp-1")));
+
+  const std::string second = stage("sharded.tmp-2", "second");
+  write_bytes(second + "/rank-1", "only in the second");
+  loom::publish_directory(second, path);  // a non-empty directory: exchanged, the old one removed
+  CHECK(read_bytes(path + "/rank-0") == "second");
+  CHECK(read_bytes(path + "/rank-1") == "only in the second");
+  CHECK_FALSE(std::filesystem::exists(second));
+
+  CHECK_THROWS_WITH(loom::publish_directory(dir.file("absent.tmp"), path),
+                    Catch::Contains("absent.tmp, which does not exist"));
+  CHECK(read_bytes(path + "/rank-0") == "second");
 }
 
 TEST_CASE("owned values are written, read back with get, and unknown entries are returned", "[checkpoint]") {

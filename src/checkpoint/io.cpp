@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -105,6 +106,26 @@ void write_file_atomically(const std::string& path, const std::vector<char>& byt
     ::fsync(dir_fd);
     ::close(dir_fd);
   }
+}
+
+void publish_directory(const std::string& staged, const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(staged, ec)) fail(path, "cannot be published from " + staged + ", which does not exist");
+  const fs::path target = fs::absolute(path);
+  const bool replacing = fs::exists(target, ec) || fs::is_symlink(target, ec);
+  const int status = replacing ? ::renameat2(AT_FDCWD, staged.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE)
+                               : ::rename(staged.c_str(), target.c_str());
+  if (status != 0) {
+    fail(path, std::string(replacing ? "cannot be exchanged with " : "cannot be renamed from ") + staged + " (" +
+                   std::strerror(errno) + "); the previous checkpoint, if any, is untouched");
+  }
+  // Make the exchange durable before the old one goes.
+  const int dir_fd = ::open(target.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd >= 0) {
+    ::fsync(dir_fd);
+    ::close(dir_fd);
+  }
+  if (replacing) fs::remove_all(staged, ec);  // now the old checkpoint; a leftover is harmless
 }
 
 void save_checkpoint(const std::string& path, const state& state, const state_filter& filter,

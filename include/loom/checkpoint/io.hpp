@@ -35,6 +35,14 @@ struct checkpoint_metadata {
 // Writes bytes to path atomically (temporary file, fsync, rename, fsync dir).
 void write_file_atomically(const std::string& path, const std::vector<char>& bytes);
 
+// Puts the complete directory (or file) `staged` at `path` in one step: a
+// rename when path does not exist, renameat2(RENAME_EXCHANGE) when it does (a
+// plain rename fails on a non-empty directory), then removes what path held
+// before. At every instant path is the complete old or the complete new
+// checkpoint, for saves of several files (sharded strategies). Both must be
+// on one file system; staged is typically PATH.tmp-<id> beside path.
+void publish_directory(const std::string& staged, const std::string& path);
+
 // Serialises state (with filter) and writes it atomically.
 void save_checkpoint(const std::string& path, const state& state, const state_filter& filter,
                      const checkpoint_metadata& metadata);
