@@ -41,16 +41,17 @@
 namespace loom {
 
 namespace detail {
-// The sentences of the calls a strategy may refuse, for both facades.
-inline constexpr const char* joint_setup_needed =
-    "this strategy sets up the module and its optimizers together; call fabric.setup(module, optimizer...) "
-    "instead.";
-inline constexpr const char* loader_needs_sampler =
-    "this strategy shards data with a distributed sampler, which loom can insert only into a loader it builds. "
-    "Pass the dataset and loom::loader_options instead.";
-inline constexpr const char* cannot_skip_sync =
-    "this strategy cannot skip gradient synchronisation (it has no `supports_no_backward_sync`). Use it with "
-    "loom::ddp or loom::single_device, or accumulate without it.";
+// The sentences of the calls a strategy may refuse, for both facades: macros
+// because a static_assert takes only a string literal (undefined at the end
+// of this header).
+#define LOOM_SENTENCE_JOINT_SETUP \
+  "this strategy sets up the module and its optimizers together; call fabric.setup(module, optimizer...) instead."
+#define LOOM_SENTENCE_LOADER_NEEDS_SAMPLER                                                                          \
+  "this strategy shards data with a distributed sampler, which loom can insert only into a loader it builds. Pass " \
+  "the dataset and loom::loader_options instead."
+#define LOOM_SENTENCE_CANNOT_SKIP_SYNC                                                                        \
+  "this strategy cannot skip gradient synchronisation (it has no `supports_no_backward_sync`). Use it with " \
+  "loom::ddp or loom::single_device, or accumulate without it."
 
 [[noreturn]] inline void refuse(std::string_view call, std::string_view strategy, const char* sentence) {
   throw configuration_error(std::string(call) + ": strategy '" + std::string(strategy) + "': " + sentence);
@@ -123,10 +124,9 @@ class basic_fabric {
   template <ModuleHolder Holder>
   [[nodiscard]] module_type<Holder> setup_module(Holder module, bool move_to_device = true) {
     static_assert(Backend::joint_setup != decided::always,
-                  "loom::Fabric::setup_module: this strategy sets up the module and its optimizers together; call "
-                  "fabric.setup(module, optimizer...) instead.");
+                  "loom::Fabric::setup_module: " LOOM_SENTENCE_JOINT_SETUP);
     refuse_at_run_time<Backend::joint_setup>(backend_.needs_joint_setup(), "setup_module",
-                                             detail::joint_setup_needed);
+                                             LOOM_SENTENCE_JOINT_SETUP);
     auto session = backend_.setup_module(*module, move_to_device);
     return module_type<Holder>(std::move(module), std::move(session));
   }
@@ -135,10 +135,9 @@ class basic_fabric {
     requires(sizeof...(Optimizers) > 0)
   [[nodiscard]] auto setup_optimizers(Optimizers&... optimizers) {
     static_assert(Backend::joint_setup != decided::always,
-                  "loom::Fabric::setup_optimizers: this strategy sets up the module and its optimizers together; "
-                  "call fabric.setup(module, optimizer...) instead.");
+                  "loom::Fabric::setup_optimizers: " LOOM_SENTENCE_JOINT_SETUP);
     refuse_at_run_time<Backend::joint_setup>(backend_.needs_joint_setup(), "setup_optimizers",
-                                             detail::joint_setup_needed);
+                                             LOOM_SENTENCE_JOINT_SETUP);
     if constexpr (sizeof...(Optimizers) == 1) return wrap_optimizer(optimizers...);
     else return std::tuple<optimizer_type<Optimizers>...>(wrap_optimizer(optimizers)...);
   }
@@ -156,11 +155,9 @@ class basic_fabric {
   template <class Loader>
   [[nodiscard]] auto setup_dataloaders(std::unique_ptr<Loader> loader, bool move_to_device = true) {
     static_assert(Backend::distributed_sampler != decided::always,
-                  "loom::Fabric::setup_dataloaders(loader): this strategy shards data with a distributed sampler, "
-                  "which loom can insert only into a loader it builds. Pass the dataset and loom::loader_options "
-                  "instead.");
+                  "loom::Fabric::setup_dataloaders(loader): " LOOM_SENTENCE_LOADER_NEEDS_SAMPLER);
     refuse_at_run_time<Backend::distributed_sampler>(backend_.needs_distributed_sampler(), "setup_dataloaders(loader)",
-                                                     detail::loader_needs_sampler);
+                                                     LOOM_SENTENCE_LOADER_NEEDS_SAMPLER);
     return fabric_dataloader<Loader>(std::move(loader), device(), move_to_device, nullptr, std::nullopt);
   }
 
@@ -198,13 +195,11 @@ class basic_fabric {
   [[nodiscard("a guard acts only while it lives: name it (auto guard = ...)")]]
   auto no_backward_sync(Module& module, bool enabled = true) {
     static_assert(Backend::skip_backward_sync != decided::never,
-                  "loom::Fabric::no_backward_sync: this strategy cannot skip gradient synchronisation (it has no "
-                  "`supports_no_backward_sync`). Use it with loom::ddp or loom::single_device, or accumulate "
-                  "without it.");
+                  "loom::Fabric::no_backward_sync: " LOOM_SENTENCE_CANNOT_SKIP_SYNC);
     static_assert(WrappedModule<Module>,
                   "loom::Fabric::no_backward_sync(module): pass the module that fabric.setup returned.");
     refuse_at_run_time<Backend::skip_backward_sync>(!supports_no_backward_sync(), "no_backward_sync",
-                                                    detail::cannot_skip_sync);
+                                                    LOOM_SENTENCE_CANNOT_SKIP_SYNC);
     return module.session().no_backward_sync(enabled);
   }
 
@@ -391,3 +386,7 @@ class basic_fabric {
 };
 
 }  // namespace loom
+
+#undef LOOM_SENTENCE_JOINT_SETUP
+#undef LOOM_SENTENCE_LOADER_NEEDS_SAMPLER
+#undef LOOM_SENTENCE_CANNOT_SKIP_SYNC

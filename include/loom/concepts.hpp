@@ -15,15 +15,7 @@
 #include <string_view>
 #include <type_traits>
 
-namespace torch::nn {
-class Module;
-}
-namespace torch::optim {
-class Optimizer;
-}
-
 namespace loom {
-
 
 // ---------------------------------------------------------------------------
 // Accelerator: where tensors live. Static members only; no state.

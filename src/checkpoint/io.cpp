@@ -7,7 +7,6 @@
 #include "file_bytes.hpp"
 
 #include <ATen/ATen.h>
-#include <caffe2/serialize/inline_container.h>
 #include <torch/serialize.h>
 #include <torch/serialize/input-archive.h>
 
@@ -26,6 +25,7 @@
 namespace loom {
 namespace fs = std::filesystem;
 using detail::crc32_of;
+using detail::fail_checkpoint;
 using detail::little_endian;
 
 namespace {
@@ -33,15 +33,11 @@ namespace {
 constexpr char magic[8] = {'L', 'O', 'O', 'M', 'C', 'K', 'P', 'T'};
 constexpr const char* metadata_key = "__loom__";
 
-[[noreturn]] void fail(const std::string& path, const std::string& why) {
-  throw checkpoint_error("checkpoint " + path + ": " + why);
-}
-
 std::vector<char> read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, std::string("cannot open it (") + std::strerror(errno) + ")");
+  if (!in) fail_checkpoint(path, std::string("cannot open it (") + std::strerror(errno) + ")");
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) fail(path, "read error");
+  if (in.bad()) fail_checkpoint(path, "read error");
   return bytes;
 }
 
@@ -68,18 +64,18 @@ void write_file_atomically(const std::string& path, const std::vector<char>& byt
   const fs::path directory = target.parent_path();
   std::error_code ec;
   fs::create_directories(directory, ec);
-  if (ec) fail(path, "cannot create directory " + directory.string() + " (" + ec.message() + ")");
+  if (ec) fail_checkpoint(path, "cannot create directory " + directory.string() + " (" + ec.message() + ")");
   const fs::path temporary =
       directory / ("." + target.filename().string() + ".tmp-" + std::to_string(::getpid()) + "-" +
                    std::to_string(counter.fetch_add(1)));
 
   const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) fail(path, "cannot create " + temporary.string() + " (" + std::strerror(errno) + ")");
+  if (fd < 0) fail_checkpoint(path, "cannot create " + temporary.string() + " (" + std::strerror(errno) + ")");
   auto abandon = [&](const std::string& why) {
     const int saved = errno;
     ::close(fd);
     ::unlink(temporary.c_str());
-    fail(path, why + " (" + std::strerror(saved) + "); the previous file, if any, is untouched");
+    fail_checkpoint(path, why + " (" + std::strerror(saved) + "); the previous file, if any, is untouched");
   };
   std::size_t written = 0;
   while (written < bytes.size()) {
@@ -93,12 +89,12 @@ void write_file_atomically(const std::string& path, const std::vector<char>& byt
   if (::fsync(fd) != 0) abandon("fsync failed");
   if (::close(fd) != 0) {
     ::unlink(temporary.c_str());
-    fail(path, "close failed");
+    fail_checkpoint(path, "close failed");
   }
   if (::rename(temporary.c_str(), target.c_str()) != 0) {
     const int saved = errno;
     ::unlink(temporary.c_str());
-    fail(path, std::string("rename failed (") + std::strerror(saved) + ")");
+    fail_checkpoint(path, std::string("rename failed (") + std::strerror(saved) + ")");
   }
   // Make the rename itself durable.
   const int dir_fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -110,13 +106,13 @@ void write_file_atomically(const std::string& path, const std::vector<char>& byt
 
 void publish_directory(const std::string& staged, const std::string& path) {
   std::error_code ec;
-  if (!fs::exists(staged, ec)) fail(path, "cannot be published from " + staged + ", which does not exist");
+  if (!fs::exists(staged, ec)) fail_checkpoint(path, "cannot be published from " + staged + ", which does not exist");
   const fs::path target = fs::absolute(path);
   const bool replacing = fs::exists(target, ec) || fs::is_symlink(target, ec);
   const int status = replacing ? ::renameat2(AT_FDCWD, staged.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE)
                                : ::rename(staged.c_str(), target.c_str());
   if (status != 0) {
-    fail(path, std::string(replacing ? "cannot be exchanged with " : "cannot be renamed from ") + staged + " (" +
+    fail_checkpoint(path, std::string(replacing ? "cannot be exchanged with " : "cannot be renamed from ") + staged + " (" +
                    std::strerror(errno) + "); the previous checkpoint, if any, is untouched");
   }
   // Make the exchange durable before the old one goes.
@@ -133,10 +129,10 @@ void save_checkpoint(const std::string& path, const state& state, const state_fi
   for (const auto& [name, function] : filter) {
     const auto* entry = state.find(name);
     if (entry == nullptr) {
-      fail(path, "filter names '" + name + "', which is not in the state (entries: " + join(state.names()) + ")");
+      fail_checkpoint(path, "filter names '" + name + "', which is not in the state (entries: " + join(state.names()) + ")");
     }
     if (entry->io().kind() != "module") {
-      fail(path, "filter names '" + name + "', a " + std::string(entry->io().kind()) +
+      fail_checkpoint(path, "filter names '" + name + "', a " + std::string(entry->io().kind()) +
                      "; filters apply to modules (their state-dict items)");
     }
   }
@@ -155,7 +151,7 @@ void save_checkpoint(const std::string& path, const state& state, const state_fi
   entries.insert(metadata_key, meta);
   const detail::parameter_names names = names_of(state);
   for (const auto& entry : state.entries()) {
-    if (entry.name() == metadata_key) fail(path, std::string("'") + metadata_key + "' is reserved for loom");
+    if (entry.name() == metadata_key) fail_checkpoint(path, std::string("'") + metadata_key + "' is reserved for loom");
     auto it = filter.find(entry.name());
     entries.insert(entry.name(), entry.io().save(it == filter.end() ? nullptr : &it->second, names));
   }
@@ -173,18 +169,18 @@ c10::IValue read_format_1(const std::vector<char>& bytes, const std::string& pat
               << "writes the current one, which Python's torch.load reads" << std::endl;
   }
   constexpr std::size_t header_size = 24;
-  if (bytes.size() < header_size) fail(path, "is truncated (shorter than the header)");
+  if (bytes.size() < header_size) fail_checkpoint(path, "is truncated (shorter than the header)");
   const std::uint64_t length = little_endian(bytes.data() + 12, 8);
   const auto crc = static_cast<std::uint32_t>(little_endian(bytes.data() + 20, 4));
   if (bytes.size() - header_size != length) {
-    fail(path, "is truncated or padded: the header declares " + std::to_string(length) + " payload bytes, the file has " +
+    fail_checkpoint(path, "is truncated or padded: the header declares " + std::to_string(length) + " payload bytes, the file has " +
                    std::to_string(bytes.size() - header_size));
   }
-  if (crc32_of(bytes.data() + header_size, length) != crc) fail(path, "is corrupted (CRC32 mismatch)");
+  if (crc32_of(bytes.data() + header_size, length) != crc) fail_checkpoint(path, "is corrupted (CRC32 mismatch)");
   try {
     return torch::pickle_load(std::vector<char>(bytes.begin() + header_size, bytes.end()));
   } catch (const std::exception& error) {
-    fail(path, std::string("cannot be decoded: ") + error.what());
+    fail_checkpoint(path, std::string("cannot be decoded: ") + error.what());
   }
 }
 
@@ -192,8 +188,8 @@ c10::IValue read_format_1(const std::vector<char>& bytes, const std::string& pat
 
 checkpoint_contents read_checkpoint(const std::string& path) {
   std::error_code ec;
-  if (fs::is_directory(path, ec)) fail(path, "is a directory, not a checkpoint file");
-  if (!fs::exists(path, ec)) fail(path, "does not exist");
+  if (fs::is_directory(path, ec)) fail_checkpoint(path, "is a directory, not a checkpoint file");
+  if (!fs::exists(path, ec)) fail_checkpoint(path, "does not exist");
   const std::vector<char> bytes = read_file(path);
   c10::IValue root;
   if (bytes.size() >= sizeof(magic) && std::memcmp(bytes.data(), magic, sizeof(magic)) == 0) {
@@ -201,28 +197,28 @@ checkpoint_contents read_checkpoint(const std::string& path) {
   } else if (bytes.size() >= 2 && bytes[0] == 'P' && bytes[1] == 'K') {
     root = detail::read_torch_archive(bytes, path);
   } else {
-    fail(path, bytes.size() < 22 ? "is truncated (shorter than a zip directory)"
+    fail_checkpoint(path, bytes.size() < 22 ? "is truncated (shorter than a zip directory)"
                                  : "is not a loom checkpoint (neither a torch zip archive nor loom's earlier format)");
   }
-  if (!root.isGenericDict()) fail(path, "does not hold a dict of entries (found " + root.tagKind() + ")");
+  if (!root.isGenericDict()) fail_checkpoint(path, "does not hold a dict of entries (found " + root.tagKind() + ")");
   checkpoint_contents contents;
   contents.entries = root.toGenericDict();
   for (const auto& item : contents.entries) {
-    if (!item.key().isString()) fail(path, "holds a dict whose keys are not all strings");
+    if (!item.key().isString()) fail_checkpoint(path, "holds a dict whose keys are not all strings");
   }
   auto meta = contents.entries.find(metadata_key);
   // A dict Python's torch.save wrote has no metadata: it loads as written by one process.
   if (meta == contents.entries.end()) return contents;
-  if (!meta->value().isGenericDict()) fail(path, std::string("has a '") + metadata_key + "' entry that is not loom's metadata");
+  if (!meta->value().isGenericDict()) fail_checkpoint(path, std::string("has a '") + metadata_key + "' entry that is not loom's metadata");
   const auto dict = meta->value().toGenericDict();
   auto get = [&](const char* key) {
     auto it = dict.find(key);
-    if (it == dict.end()) fail(path, std::string("metadata lacks '") + key + "'");
+    if (it == dict.end()) fail_checkpoint(path, std::string("metadata lacks '") + key + "'");
     return it->value();
   };
   const std::int64_t version = get("format_version").toInt();
   if (version > checkpoint_format_version) {
-    fail(path, "has format version " + std::to_string(version) + ", newer than this loom reads (" +
+    fail_checkpoint(path, "has format version " + std::to_string(version) + ", newer than this loom reads (" +
                    std::to_string(checkpoint_format_version) + ")");
   }
   contents.metadata.world_size = get("world_size").toInt();
@@ -270,7 +266,7 @@ state load_checkpoint(const std::string& path, const state& target, bool strict)
   if (!problems.empty()) {
     std::string message = "cannot be loaded, nothing was changed: ";
     for (std::size_t i = 0; i < problems.size(); ++i) message += (i ? "; " : "") + problems[i];
-    fail(path, message);
+    fail_checkpoint(path, message);
   }
 
   // 2. Entries whose load can still fail go first, each after a snapshot.
@@ -291,7 +287,7 @@ state load_checkpoint(const std::string& path, const state& target, bool strict)
         } catch (...) {
         }
       }
-      fail(path, "cannot load '" + entry.name() + "' (" + std::string(entry.io().kind()) + "): " + error.what() +
+      fail_checkpoint(path, "cannot load '" + entry.name() + "' (" + std::string(entry.io().kind()) + "): " + error.what() +
                      "; nothing was changed");
     }
     undo.emplace_back(&entry.io(), std::move(before));
@@ -383,7 +379,7 @@ void apply_state_dict(const std::string& path, torch::nn::Module& module, const 
   if (!problems.empty()) {
     std::string message = "cannot be loaded into the module, nothing was changed: ";
     for (std::size_t i = 0; i < problems.size(); ++i) message += (i ? "; " : "") + problems[i];
-    fail(path, message);
+    fail_checkpoint(path, message);
   }
   at::NoGradGuard no_grad;
   for (auto& [target, value] : copies) target.copy_(value);
@@ -391,13 +387,13 @@ void apply_state_dict(const std::string& path, torch::nn::Module& module, const 
 
 std::vector<char> read_zip_or_fail(const std::string& path) {
   std::error_code ec;
-  if (!fs::exists(path, ec)) fail(path, "does not exist");
+  if (!fs::exists(path, ec)) fail_checkpoint(path, "does not exist");
   std::vector<char> bytes = read_file(path);
   if (bytes.size() >= sizeof(magic) && std::memcmp(bytes.data(), magic, sizeof(magic)) == 0) {
-    fail(path, "is a loom checkpoint; read it with fabric.load(path, state)");
+    fail_checkpoint(path, "is a loom checkpoint; read it with fabric.load(path, state)");
   }
   if (bytes.size() < 4 || bytes[0] != 'P' || bytes[1] != 'K') {
-    fail(path, "is not a torch zip archive (written by torch::save, or by Python's torch.save since 1.6); "
+    fail_checkpoint(path, "is not a torch zip archive (written by torch::save, or by Python's torch.save since 1.6); "
                "files from _use_new_zipfile_serialization=False are not supported");
   }
   return bytes;
@@ -411,13 +407,11 @@ void load_raw_module(const std::string& path, torch::nn::Module& module, bool st
   std::vector<std::string> unexpected;
   bool torchscript = false;
   try {
-    std::istringstream stream(std::string(bytes.begin(), bytes.end()));
-    caffe2::serialize::PyTorchStreamReader reader(&stream);
-    torchscript = reader.hasRecord("constants.pkl");
+    torchscript = detail::is_libtorch_archive(bytes);
   } catch (const checkpoint_error&) {
     throw;
   } catch (const std::exception& error) {
-    fail(path, std::string("cannot be read as a torch archive: ") + error.what());
+    fail_checkpoint(path, std::string("cannot be read as a torch archive: ") + error.what());
   }
 
   if (torchscript) {
@@ -427,15 +421,15 @@ void load_raw_module(const std::string& path, torch::nn::Module& module, bool st
       archive.load_from(bytes.data(), bytes.size());
       read_module_archive(archive, module, "", found, unexpected);
     } catch (const std::exception& error) {
-      fail(path, std::string("cannot be read as a LibTorch module archive: ") + error.what());
+      fail_checkpoint(path, std::string("cannot be read as a LibTorch module archive: ") + error.what());
     }
   } else {
     const c10::IValue value = detail::read_torch_archive(bytes, path);
-    if (!value.isGenericDict()) fail(path, "does not hold a dict of tensors (found " + value.tagKind() + ")");
-    if (value.toGenericDict().contains(metadata_key)) fail(path, "is a loom checkpoint; read it with fabric.load(path, state)");
+    if (!value.isGenericDict()) fail_checkpoint(path, "does not hold a dict of tensors (found " + value.tagKind() + ")");
+    if (value.toGenericDict().contains(metadata_key)) fail_checkpoint(path, "is a loom checkpoint; read it with fabric.load(path, state)");
     for (const auto& item : value.toGenericDict()) {
       if (!item.key().isString() || !item.value().isTensor()) {
-        fail(path, "holds a dict whose entries are not all name -> tensor");
+        fail_checkpoint(path, "holds a dict whose entries are not all name -> tensor");
       }
       found[item.key().toStringRef()] = item.value().toTensor();
     }
@@ -449,7 +443,7 @@ void load_raw_optimizer(const std::string& path, torch::optim::Optimizer& optimi
   try {
     archive.load_from(bytes.data(), bytes.size());
   } catch (const std::exception& error) {
-    fail(path, std::string("is not a LibTorch optimizer archive (written by torch::save(optimizer, path)); Python "
+    fail_checkpoint(path, std::string("is not a LibTorch optimizer archive (written by torch::save(optimizer, path)); Python "
                            "optimizer state dicts have no LibTorch equivalent: ") +
                    error.what());
   }
@@ -465,7 +459,7 @@ void load_raw_optimizer(const std::string& path, torch::optim::Optimizer& optimi
     torch::serialize::InputArchive restore;
     restore.load_from(bytes_before.data(), bytes_before.size());
     optimizer.load(restore);
-    fail(path, std::string("does not fit this optimizer, nothing was changed: ") + error.what());
+    fail_checkpoint(path, std::string("does not fit this optimizer, nothing was changed: ") + error.what());
   }
 }
 

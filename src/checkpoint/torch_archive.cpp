@@ -19,10 +19,6 @@
 namespace loom::detail {
 namespace {
 
-[[noreturn]] void fail(const std::string& path, const std::string& why) {
-  throw checkpoint_error("checkpoint " + path + ": " + why);
-}
-
 // The IValue with every list generic (an int or tensor list would be written
 // through torch.jit._pickle.build_intlist and friends, which weights_only
 // refuses) and every dict and tuple rebuilt over converted values.
@@ -63,6 +59,15 @@ class vector_adapter final : public caffe2::serialize::ReadAdapterInterface {
 
 }  // namespace
 
+void fail_checkpoint(const std::string& path, const std::string& why) {
+  throw checkpoint_error("checkpoint " + path + ": " + why);
+}
+
+bool is_libtorch_archive(const std::vector<char>& bytes) {
+  caffe2::serialize::PyTorchStreamReader reader(std::make_shared<vector_adapter>(bytes));
+  return reader.hasRecord("constants.pkl");
+}
+
 std::vector<char> write_torch_archive(const c10::IValue& root) {
   std::vector<char> pickle;
   torch::jit::Pickler pickler([&pickle](const char* data, size_t size) { pickle.insert(pickle.end(), data, data + size); },
@@ -96,7 +101,7 @@ void verify_zip_records(const std::vector<char>& bytes, const std::string& path)
   const std::size_t size = bytes.size();
   // End of central directory: 22 bytes plus a comment of at most 64 KiB, at the end.
   constexpr std::size_t eocd_size = 22;
-  if (size < eocd_size) fail(path, "is truncated (shorter than a zip directory)");
+  if (size < eocd_size) fail_checkpoint(path, "is truncated (shorter than a zip directory)");
   std::size_t eocd = std::string::npos;
   const std::size_t lowest = size > eocd_size + 0xFFFF ? size - eocd_size - 0xFFFF : 0;
   for (std::size_t at = size - eocd_size + 1; at-- > lowest;) {
@@ -105,24 +110,24 @@ void verify_zip_records(const std::vector<char>& bytes, const std::string& path)
       break;
     }
   }
-  if (eocd == std::string::npos) fail(path, "is truncated or not a zip archive (no end of central directory)");
+  if (eocd == std::string::npos) fail_checkpoint(path, "is truncated or not a zip archive (no end of central directory)");
   std::uint64_t entries = little_endian(data + eocd + 10, 2);
   std::uint64_t directory_size = little_endian(data + eocd + 12, 4);
   std::uint64_t directory_offset = little_endian(data + eocd + 16, 4);
   if (entries == 0xFFFF || directory_size == 0xFFFFFFFF || directory_offset == 0xFFFFFFFF) {
     // ZIP64: the locator sits just before the end record and points at the ZIP64 end record.
-    if (eocd < 20 || little_endian(data + eocd - 20, 4) != 0x07064b50) fail(path, "has a damaged ZIP64 directory");
+    if (eocd < 20 || little_endian(data + eocd - 20, 4) != 0x07064b50) fail_checkpoint(path, "has a damaged ZIP64 directory");
     const std::uint64_t record = little_endian(data + eocd - 20 + 8, 8);
-    if (record + 56 > size || little_endian(data + record, 4) != 0x06064b50) fail(path, "has a damaged ZIP64 directory");
+    if (record + 56 > size || little_endian(data + record, 4) != 0x06064b50) fail_checkpoint(path, "has a damaged ZIP64 directory");
     entries = little_endian(data + record + 32, 8);
     directory_size = little_endian(data + record + 40, 8);
     directory_offset = little_endian(data + record + 48, 8);
   }
-  if (directory_offset + directory_size > size) fail(path, "is truncated (its zip directory points past the end)");
+  if (directory_offset + directory_size > size) fail_checkpoint(path, "is truncated (its zip directory points past the end)");
 
   std::size_t at = directory_offset;
   for (std::uint64_t i = 0; i < entries; ++i) {
-    if (at + 46 > size || little_endian(data + at, 4) != 0x02014b50) fail(path, "has a damaged zip directory");
+    if (at + 46 > size || little_endian(data + at, 4) != 0x02014b50) fail_checkpoint(path, "has a damaged zip directory");
     const auto method = little_endian(data + at + 10, 2);
     const auto crc = static_cast<std::uint32_t>(little_endian(data + at + 16, 4));
     std::uint64_t compressed = little_endian(data + at + 20, 4);
@@ -131,7 +136,7 @@ void verify_zip_records(const std::vector<char>& bytes, const std::string& path)
     const std::size_t extra_length = little_endian(data + at + 30, 2);
     const std::size_t comment_length = little_endian(data + at + 32, 2);
     std::uint64_t local = little_endian(data + at + 42, 4);
-    if (at + 46 + name_length + extra_length + comment_length > size) fail(path, "has a damaged zip directory");
+    if (at + 46 + name_length + extra_length + comment_length > size) fail_checkpoint(path, "has a damaged zip directory");
     const std::string name(data + at + 46, name_length);
     // ZIP64 extended information: the 0xFFFFFFFF fields, in this order.
     for (std::size_t extra = at + 46 + name_length, end = extra + extra_length; extra + 4 <= end;) {
@@ -146,14 +151,14 @@ void verify_zip_records(const std::vector<char>& bytes, const std::string& path)
       extra += 4 + length;
     }
     if (method != 0 || compressed != uncompressed) {
-      fail(path, "holds a compressed record '" + name + "'; torch archives store their records uncompressed");
+      fail_checkpoint(path, "holds a compressed record '" + name + "'; torch archives store their records uncompressed");
     }
     if (local + 30 > size || little_endian(data + local, 4) != 0x04034b50) {
-      fail(path, "is truncated or damaged (record '" + name + "' has no local header)");
+      fail_checkpoint(path, "is truncated or damaged (record '" + name + "' has no local header)");
     }
     const std::uint64_t start = local + 30 + little_endian(data + local + 26, 2) + little_endian(data + local + 28, 2);
-    if (start + compressed > size) fail(path, "is truncated (record '" + name + "' runs past the end of the file)");
-    if (crc32_of(data + start, compressed) != crc) fail(path, "is corrupted (CRC32 mismatch) in record '" + name + "'");
+    if (start + compressed > size) fail_checkpoint(path, "is truncated (record '" + name + "' runs past the end of the file)");
+    if (crc32_of(data + start, compressed) != crc) fail_checkpoint(path, "is corrupted (CRC32 mismatch) in record '" + name + "'");
     at += 46 + name_length + extra_length + comment_length;
   }
 }
@@ -163,24 +168,24 @@ c10::IValue read_torch_archive(const std::vector<char>& bytes, const std::string
   try {
     caffe2::serialize::PyTorchStreamReader reader(std::make_shared<vector_adapter>(bytes));
     if (reader.hasRecord("constants.pkl")) {
-      fail(path, "is a LibTorch archive (torch::save(module or optimizer, path)), not a checkpoint; read it with "
+      fail_checkpoint(path, "is a LibTorch archive (torch::save(module or optimizer, path)), not a checkpoint; read it with "
                  "fabric.load_raw");
     }
-    if (!reader.hasRecord("data.pkl")) fail(path, "is a zip archive without data.pkl: not a torch file");
+    if (!reader.hasRecord("data.pkl")) fail_checkpoint(path, "is a zip archive without data.pkl: not a torch file");
     auto [pickle_data, pickle_size] = reader.getRecord("data.pkl");
     const auto* first = static_cast<const char*>(pickle_data.get());
     pickle_fixup fixed;
     try {
       fixed = fix_python_pickle(std::vector<char>(first, first + pickle_size));
     } catch (const std::runtime_error& error) {
-      fail(path, std::string("cannot be decoded: ") + error.what());
+      fail_checkpoint(path, std::string("cannot be decoded: ") + error.what());
     }
     if (fixed.protocol > 2) {
-      fail(path, "was pickled with protocol " + std::to_string(fixed.protocol) +
+      fail_checkpoint(path, "was pickled with protocol " + std::to_string(fixed.protocol) +
                      ", and LibTorch 1.13 reads protocol 2 only, torch.save's default: save it without pickle_protocol");
     }
     if (fixed.has_ordered_dict) {
-      fail(path, "holds a Python collections.OrderedDict (what model.state_dict() returns), which LibTorch 1.13 "
+      fail_checkpoint(path, "holds a Python collections.OrderedDict (what model.state_dict() returns), which LibTorch 1.13 "
                  "cannot unpickle. Save a plain dict instead: torch.save(dict(model.state_dict()), path), or in a "
                  "checkpoint {'model': dict(model.state_dict()), ...}");
     }
@@ -199,7 +204,7 @@ c10::IValue read_torch_archive(const std::vector<char>& bytes, const std::string
   } catch (const checkpoint_error&) {
     throw;
   } catch (const std::exception& error) {
-    fail(path, std::string("cannot be decoded: ") + error.what());
+    fail_checkpoint(path, std::string("cannot be decoded: ") + error.what());
   }
 }
 

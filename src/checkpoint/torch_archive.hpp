@@ -11,6 +11,13 @@
 
 namespace loom::detail {
 
+// A checkpoint_error that names the file: "checkpoint PATH: why".
+[[noreturn]] void fail_checkpoint(const std::string& path, const std::string& why);
+
+// Whether bytes are a LibTorch archive written by torch::save(module or
+// optimizer) (it has constants.pkl), read in place.
+bool is_libtorch_archive(const std::vector<char>& bytes);
+
 // root pickled without TorchScript's type tags and with every list generic,
 // so only globals torch.load's weights_only unpickler allows appear.
 std::vector<char> write_torch_archive(const c10::IValue& root);
