@@ -124,10 +124,13 @@ TEST_CASE("connector: impossible requests say what is accepted", "[runtime]") {
   CHECK_THAT(refusal({.strategy = "ddp_spawn"}), Catch::Contains("no C++ meaning") && Catch::Contains("use ddp"));
   CHECK_THAT(refusal({.strategy = "ddp_notebook"}), Catch::Contains("use ddp"));
   CHECK_THAT(refusal({.strategy = "deepspeed"}), Catch::Contains("not built yet") && Catch::Contains("single_device"));
-  // Lightning refuses FSDP on cpu; loom's will run there (a deliberate difference), so the reason is that it is not built.
-  CHECK_THAT(refusal({.strategy = "fsdp"}), Catch::Contains("not built yet"));
-  CHECK_THAT(refusal({.accelerator = "cuda", .strategy = "fsdp"}, {}, gpu_machine()),
-             Catch::Contains("not built yet"));
+  // Lightning refuses FSDP on cpu; loom's runs there (a deliberate difference). Sharded
+  // strategies refuse 64-true (not among Lightning's FSDP precisions) and 16-mixed.
+  CHECK(resolve({.strategy = "fsdp", .devices = 2}).strategy == "fsdp");
+  CHECK_THAT(refusal({.strategy = "fsdp", .devices = 2, .precision = "64-true"}),
+             Catch::Contains("a sharded strategy") && Catch::Contains("bf16-mixed"));
+  CHECK_THAT(refusal({.accelerator = "cuda", .strategy = "fsdp", .precision = "16-mixed"}, {}, gpu_machine()),
+             Catch::Contains("inf check is reduced over the shards"));
   CHECK_THAT(refusal({.strategy = "xla"}), Catch::Contains("XLA"));
   CHECK_THAT(refusal({.strategy = "single_device", .devices = 2}), Catch::Contains("runs one process"));
   // dp on cpu becomes ddp, with Lightning's warning.
@@ -173,7 +176,13 @@ TEST_CASE("registry: built names match the catalog; registering needs override f
   CHECK(shared.find("cpu", "ddp", "16-mixed") == nullptr);
   CHECK(shared.find("cpu", "single_device", "16-true") == nullptr);
   CHECK(shared.find("cpu", "parallel_fork", "64-true") != nullptr);
-  CHECK(shared.entries().size() == built.size() * 4);
+  // Sharded strategies take 3 of them (no 64-true).
+  std::size_t sharded = 0;
+  for (const auto& entry : loom::runtime::strategy_names()) sharded += entry.built && entry.sharded ? 1 : 0;
+  CHECK(sharded == 2);
+  CHECK(shared.find("cpu", "fsdp", "64-true") == nullptr);
+  CHECK(shared.find("cpu", "fsdp", "bf16-mixed") != nullptr);
+  CHECK(shared.entries().size() == built.size() * 4 - sharded);
 
   auto copy = *shared.find("cpu", "single_device", "32-true");
   copy.strategy = "ddp";

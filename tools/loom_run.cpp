@@ -15,8 +15,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <string>
@@ -83,7 +85,23 @@ void forward_signal(int signal) {
 
 }  // namespace
 
+// `loom-run consolidate DIR [OUT]`: loom-run stays torch-free, so the work is
+// done by loom-consolidate, installed beside it.
+int consolidate(int argc, char** argv) {
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  const auto tool = (ec ? std::filesystem::path(argv[0]).parent_path() : self.parent_path()) / "loom-consolidate";
+  std::vector<char*> command{const_cast<char*>(tool.c_str())};
+  for (int i = 2; i < argc; ++i) command.push_back(argv[i]);
+  command.push_back(nullptr);
+  ::execv(tool.c_str(), command.data());
+  std::cerr << "loom-run consolidate: cannot run " << tool.string() << " (" << std::strerror(errno)
+            << "); it is installed beside loom-run\n";
+  return 127;
+}
+
 int main(int argc, char** argv) {
+  if (argc >= 2 && std::string(argv[1]) == "consolidate") return consolidate(argc, argv);
   arguments args;
   CLI::App app("loom-run: start PROGRAM on --devices processes per node with the variables a loom program reads "
                "(Lightning's `fabric run`). Options go before PROGRAM; everything after it is passed to PROGRAM "
@@ -117,7 +135,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 65535))->capture_default_str();
   app.add_option("--precision", args.precision, "precision: " + loom::runtime::join(loom::runtime::precision_names()))
       ->check(CLI::IsMember(loom::runtime::precision_names()));
-  app.footer("PROGRAM [ARGS...]  the program to start on every rank, and its own arguments");
+  app.footer("PROGRAM [ARGS...]  the program to start on every rank, and its own arguments\n"
+             "loom-run consolidate SHARDED_DIR [OUT]  one full checkpoint from a sharded one");
   try {
     app.parse(argc, argv);
     // Everything from the program on is left unparsed, in order.

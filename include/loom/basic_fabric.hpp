@@ -50,8 +50,9 @@ namespace detail {
   "this strategy shards data with a distributed sampler, which loom can insert only into a loader it builds. Pass " \
   "the dataset and loom::loader_options instead."
 #define LOOM_SENTENCE_CANNOT_SKIP_SYNC                                                                        \
-  "this strategy cannot skip gradient synchronisation (it has no `supports_no_backward_sync`). Use it with " \
-  "loom::ddp or loom::single_device, or accumulate without it."
+  "this strategy cannot skip gradient synchronisation (its `supports_no_backward_sync` is absent or false; "   \
+  "fsdp_cpu_offload refuses it: skipped reductions would keep unsharded gradients on the device). Use "        \
+  "loom::ddp, loom::fsdp or loom::single_device, or accumulate without it."
 
 [[noreturn]] inline void refuse(std::string_view call, std::string_view strategy, const char* sentence) {
   throw configuration_error(std::string(call) + ": strategy '" + std::string(strategy) + "': " + sentence);

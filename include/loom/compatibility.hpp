@@ -15,14 +15,18 @@ constexpr rules::accelerator_facts accelerator_facts_of() {
 }
 template <class P>
 constexpr rules::precision_facts precision_facts_of() {
-  return {.name = P::name, .fp16 = P::compute_dtype == c10::ScalarType::Half, .mixed = bool(P::is_mixed)};
+  return {.name = P::name,
+          .fp16 = P::compute_dtype == c10::ScalarType::Half,
+          .mixed = bool(P::is_mixed),
+          .fp64 = P::compute_dtype == c10::ScalarType::Double};
 }
 template <class S>
 constexpr rules::strategy_facts strategy_facts_of() {
   return {.name = S::name,
           .multi_process = is_distributed<S>,
           .runs_on_cpu = strategy_runs_on_cpu<S>,
-          .runs_on_cuda = strategy_runs_on_cuda<S>};
+          .runs_on_cuda = strategy_runs_on_cuda<S>,
+          .sharded = is_sharded<S>};
 }
 
 template <class A, class S, class P>
@@ -38,6 +42,7 @@ constexpr bool diagnose_combination() {
   constexpr rules::rule broken = broken_rule<A, S, P>;
   static_assert(broken != rules::rule::strategy_not_on_accelerator,
                 "loom::Fabric<A, S, P>: " LOOM_RULE_STRATEGY_NOT_ON_ACCELERATOR);
+  static_assert(broken != rules::rule::sharded_precision, "loom::Fabric<A, S, P>: " LOOM_RULE_SHARDED_PRECISION);
   static_assert(broken != rules::rule::fp16_true_without_kernels,
                 "loom::Fabric<A, S, P>: " LOOM_RULE_FP16_TRUE_WITHOUT_KERNELS);
   static_assert(broken != rules::rule::fp16_autocast_without_kernels,

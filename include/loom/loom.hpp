@@ -36,6 +36,10 @@
 #include <loom/strategy/collectives.hpp>
 #include <loom/strategy/ddp.hpp>
 #include <loom/strategy/ddp_engine.hpp>
+#include <loom/strategy/fsdp.hpp>
+#include <loom/strategy/fsdp_engine.hpp>
+#include <loom/strategy/fsdp_options.hpp>
+#include <loom/strategy/unit.hpp>
 #include <loom/strategy/distributed_runtime.hpp>
 #include <loom/strategy/parallel.hpp>
 #include <loom/strategy/single_device.hpp>

@@ -3,8 +3,9 @@
 #include <loom/checkpoint/io.hpp>
 #include <loom/errors.hpp>
 
-#include "torch_archive.hpp"
+#include "checkpoint_bytes.hpp"
 #include "file_bytes.hpp"
+#include "torch_archive.hpp"
 
 #include <ATen/ATen.h>
 #include <torch/serialize.h>
@@ -27,12 +28,13 @@ namespace fs = std::filesystem;
 using detail::crc32_of;
 using detail::fail_checkpoint;
 using detail::little_endian;
+using detail::metadata_key;
 
 namespace {
-
 constexpr char magic[8] = {'L', 'O', 'O', 'M', 'C', 'K', 'P', 'T'};
-constexpr const char* metadata_key = "__loom__";
+}  // namespace
 
+namespace detail {
 std::vector<char> read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail_checkpoint(path, std::string("cannot open it (") + std::strerror(errno) + ")");
@@ -40,6 +42,35 @@ std::vector<char> read_file(const std::string& path) {
   if (in.bad()) fail_checkpoint(path, "read error");
   return bytes;
 }
+
+c10::IValue metadata_value(const checkpoint_metadata& metadata) {
+  c10::impl::GenericDict meta(c10::StringType::get(), c10::AnyType::get());
+  meta.insert("format_version", checkpoint_format_version);
+  meta.insert("world_size", metadata.world_size);
+  meta.insert("global_rank", metadata.global_rank);
+  meta.insert("strategy", metadata.strategy);
+  meta.insert("precision", metadata.precision);
+  c10::impl::GenericDict optimizer_types(c10::StringType::get(), c10::StringType::get());
+  for (const auto& [name, type] : metadata.optimizer_types) optimizer_types.insert(name, type);
+  meta.insert("optimizer_types", optimizer_types);
+  if (!metadata.shards.empty()) {
+    // name -> [begin, end, dim0, dim1, ...] of this rank's slice of the flattened parameter
+    c10::impl::GenericDict shards(c10::StringType::get(), c10::AnyType::get());
+    for (const auto& [name, range] : metadata.shards) {
+      c10::impl::GenericList item(c10::AnyType::get());
+      item.push_back(range.begin);
+      item.push_back(range.end);
+      for (std::int64_t d : range.shape) item.push_back(d);
+      shards.insert(name, item);
+    }
+    meta.insert("shards", shards);
+  }
+  return meta;
+}
+}  // namespace detail
+
+namespace {
+using detail::read_file;
 
 std::string join(const std::vector<std::string>& items) {
   std::string out;
@@ -124,8 +155,9 @@ void publish_directory(const std::string& staged, const std::string& path) {
   if (replacing) fs::remove_all(staged, ec);  // now the old checkpoint; a leftover is harmless
 }
 
-void save_checkpoint(const std::string& path, const state& state, const state_filter& filter,
-                     const checkpoint_metadata& metadata) {
+namespace detail {
+std::vector<char> serialize_checkpoint(const std::string& path, const state& state, const state_filter& filter,
+                                       const checkpoint_metadata& metadata) {
   for (const auto& [name, function] : filter) {
     const auto* entry = state.find(name);
     if (entry == nullptr) {
@@ -137,23 +169,31 @@ void save_checkpoint(const std::string& path, const state& state, const state_fi
     }
   }
   c10::impl::GenericDict entries(c10::StringType::get(), c10::AnyType::get());
-  c10::impl::GenericDict meta(c10::StringType::get(), c10::AnyType::get());
-  meta.insert("format_version", checkpoint_format_version);
-  meta.insert("world_size", metadata.world_size);
-  meta.insert("global_rank", metadata.global_rank);
-  meta.insert("strategy", metadata.strategy);
-  meta.insert("precision", metadata.precision);
-  c10::impl::GenericDict optimizer_types(c10::StringType::get(), c10::StringType::get());
+  checkpoint_metadata described = metadata;
   for (const auto& entry : state.entries()) {
-    if (std::string type = entry.io().type_name(); !type.empty()) optimizer_types.insert(entry.name(), type);
+    if (std::string type = entry.io().type_name(); !type.empty()) described.optimizer_types[entry.name()] = type;
   }
-  meta.insert("optimizer_types", optimizer_types);
-  entries.insert(metadata_key, meta);
+  entries.insert(metadata_key, metadata_value(described));
   const detail::parameter_names names = names_of(state);
   for (const auto& entry : state.entries()) {
     if (entry.name() == metadata_key) fail_checkpoint(path, std::string("'") + metadata_key + "' is reserved for loom");
     auto it = filter.find(entry.name());
     entries.insert(entry.name(), entry.io().save(it == filter.end() ? nullptr : &it->second, names));
+  }
+  return write_torch_archive(entries);
+}
+}  // namespace detail
+
+void save_checkpoint(const std::string& path, const state& state, const state_filter& filter,
+                     const checkpoint_metadata& metadata) {
+  write_file_atomically(path, detail::serialize_checkpoint(path, state, filter, metadata));
+}
+
+void write_checkpoint(const std::string& path, const checkpoint_contents& contents) {
+  c10::impl::GenericDict entries(c10::StringType::get(), c10::AnyType::get());
+  entries.insert(metadata_key, detail::metadata_value(contents.metadata));
+  for (const auto& item : contents.entries) {
+    if (item.key().toStringRef() != metadata_key) entries.insert(item.key(), item.value());
   }
   write_file_atomically(path, detail::write_torch_archive(entries));
 }
@@ -188,9 +228,15 @@ c10::IValue read_format_1(const std::vector<char>& bytes, const std::string& pat
 
 checkpoint_contents read_checkpoint(const std::string& path) {
   std::error_code ec;
-  if (fs::is_directory(path, ec)) fail_checkpoint(path, "is a directory, not a checkpoint file");
+  if (fs::is_directory(path, ec)) {
+    fail_checkpoint(path, "is a directory, not a checkpoint file (a sharded checkpoint loads with load_checkpoint, "
+                          "or becomes one file with loom-run consolidate)");
+  }
   if (!fs::exists(path, ec)) fail_checkpoint(path, "does not exist");
-  const std::vector<char> bytes = read_file(path);
+  return detail::parse_checkpoint(read_file(path), path);
+}
+
+checkpoint_contents detail::parse_checkpoint(const std::vector<char>& bytes, const std::string& path) {
   c10::IValue root;
   if (bytes.size() >= sizeof(magic) && std::memcmp(bytes.data(), magic, sizeof(magic)) == 0) {
     root = read_format_1(bytes, path);
@@ -230,12 +276,23 @@ checkpoint_contents read_checkpoint(const std::string& path) {
       contents.metadata.optimizer_types[item.key().toStringRef()] = item.value().toStringRef();
     }
   }
+  if (auto shards = dict.find("shards"); shards != dict.end() && shards->value().isGenericDict()) {
+    for (const auto& item : shards->value().toGenericDict()) {
+      if (!item.value().isList() || item.value().toListRef().size() < 2) {
+        fail_checkpoint(path, "has a malformed shard range for '" + item.key().toStringRef() + "'");
+      }
+      const auto& list = item.value().toListRef();
+      shard_range range{list[0].toInt(), list[1].toInt(), {}};
+      for (std::size_t d = 2; d < list.size(); ++d) range.shape.push_back(list[d].toInt());
+      contents.metadata.shards[item.key().toStringRef()] = range;
+    }
+  }
   (void)contents.entries.erase(metadata_key);
   return contents;
 }
 
 state load_checkpoint(const std::string& path, const state& target, bool strict) {
-  checkpoint_contents contents = read_checkpoint(path);
+  checkpoint_contents contents = is_sharded_checkpoint(path) ? read_sharded_checkpoint(path) : read_checkpoint(path);
 
   // 1. Validate everything; nothing changes yet.
   const detail::parameter_names names = names_of(target);

@@ -349,6 +349,22 @@ void load(const Family& family, const c10::IValue& value, torch::optim::Optimize
 
 }  // namespace
 
+bool for_each_state_tensor(torch::optim::Optimizer& optimizer,
+                           const std::function<void(const at::Tensor& parameter, std::string_view field,
+                                                    at::Tensor& value)>& visit) {
+  return with_family(optimizer, [&](const auto& family) {
+    using state_type = typename std::remove_cvref_t<decltype(family)>::state_type;
+    for (auto& group : optimizer.param_groups()) {
+      for (const auto& parameter : group.params()) {
+        auto found = optimizer.state().find(compat::optimizer_state_key(parameter));
+        if (found == optimizer.state().end()) continue;
+        auto& per_parameter = static_cast<state_type&>(*found->second);
+        for (const auto& [name, field] : family.tensors) visit(parameter, name, field(per_parameter));
+      }
+    }
+  });
+}
+
 bool has_torch_optim_layout(torch::optim::Optimizer& optimizer) {
   return with_family(optimizer, [](const auto&) {});
 }

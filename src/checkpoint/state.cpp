@@ -116,6 +116,7 @@ class optimizer_io_impl final : public entry_io {
   std::string_view kind() const noexcept override { return "optimizer"; }
   bool fallible_load() const noexcept override { return true; }
   std::string type_name() const override { return type_; }
+  torch::optim::Optimizer* optimizer() const noexcept override { return optimizer_; }
 
   c10::IValue save(const state_filter::mapped_type* /*filter*/, const parameter_names& names) const override {
     if (has_torch_optim_layout(*optimizer_)) return optimizer_to_dict(*optimizer_, names);

@@ -186,7 +186,8 @@ connection connect(connector_input input, const machine_facts& machine, const cl
   const rules::strategy_facts strategy_facts{.name = chosen,
                                              .multi_process = entry->multi_process,
                                              .runs_on_cpu = entry->runs_on_cpu,
-                                             .runs_on_cuda = entry->runs_on_cuda};
+                                             .runs_on_cuda = entry->runs_on_cuda,
+                                             .sharded = entry->sharded};
   if (rules::processes_fit(strategy_facts, out.processes_per_node, input.num_nodes) != rules::rule::none) {
     throw configuration_error("strategy '" + chosen + "': devices=" + devices.to_string() + " and num_nodes=" +
                               std::to_string(input.num_nodes) + " ask for " +

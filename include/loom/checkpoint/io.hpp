@@ -5,6 +5,7 @@
 #pragma once
 
 #include <loom/checkpoint/state.hpp>
+#include <loom/comm/process_group.hpp>
 
 #include <ATen/core/ivalue.h>
 
@@ -23,6 +24,16 @@ namespace loom {
 // (still read).
 inline constexpr std::int64_t checkpoint_format_version = 2;
 
+// The slice of a flattened parameter one rank's file of a sharded
+// checkpoint holds: elements [begin, end) of a tensor of `shape`.
+struct shard_range {
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+  std::vector<std::int64_t> shape;
+};
+// Parameter name (as in its module's state dict) -> this rank's slice.
+using shard_layout = std::map<std::string, shard_range>;
+
 struct checkpoint_metadata {
   std::int64_t world_size = 1;
   std::int64_t global_rank = 0;
@@ -30,6 +41,8 @@ struct checkpoint_metadata {
   std::string precision;
   // Entry name -> the optimizer's C++ type, checked on load.
   std::map<std::string, std::string> optimizer_types;
+  // In a sharded checkpoint's rank files: the slices that file holds.
+  shard_layout shards;
 };
 
 // Writes bytes to path atomically (temporary file, fsync, rename, fsync dir).
@@ -54,10 +67,33 @@ struct checkpoint_contents {
 };
 checkpoint_contents read_checkpoint(const std::string& path);
 
+// Writes contents (entries and metadata) as one checkpoint file, atomically.
+void write_checkpoint(const std::string& path, const checkpoint_contents& contents);
+
+// ----------------------------------------------------------- sharded
+// A directory holding meta.pt and one file per rank (sharded strategies'
+// state_dict_type="sharded"); load_checkpoint reads one by itself.
+bool is_sharded_checkpoint(const std::string& path);
+
+// Collective over group: each rank writes state as it holds it (its slices
+// of the parameters in `layout`, whole tensors otherwise) into PATH.tmp-<id>/,
+// rank 0 writes meta.pt last (each file's size and CRC32) and publishes the
+// directory at path in one step. A path that holds a directory other than a
+// loom sharded checkpoint is refused.
+void save_sharded_checkpoint(const std::string& path, const state& state, const checkpoint_metadata& metadata,
+                             const shard_layout& layout, comm::process_group& group);
+
+// A sharded checkpoint's contents at full size (each parameter's and
+// optimizer-state tensor's slices concatenated), whatever the world size
+// that wrote it. Every rank file is checked against meta.pt first; a
+// missing, torn or corrupted file is a checkpoint_error naming it.
+checkpoint_contents read_sharded_checkpoint(const std::string& directory);
+
 // Restores every entry of `target` from the file, all or nothing: on any error
 // (missing file, corruption, a missing key with strict, a shape or type
 // mismatch) it throws loom::checkpoint_error and nothing has changed. Returns
 // the checkpoint's entries that `target` did not ask for, as owned values.
+// A sharded checkpoint directory loads the same way, at full size.
 state load_checkpoint(const std::string& path, const state& target, bool strict = true);
 
 // A state dict written by LibTorch's torch::save(module, path) or by Python's

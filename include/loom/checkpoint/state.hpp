@@ -66,6 +66,8 @@ struct entry_io {
   virtual const torch::nn::Module* module() const noexcept { return nullptr; }
   // For optimizers: the C++ type, recorded in the checkpoint's metadata.
   virtual std::string type_name() const { return {}; }
+  // For optimizers: the optimizer (sharded strategies gather its state).
+  virtual torch::optim::Optimizer* optimizer() const noexcept { return nullptr; }
 };
 
 std::shared_ptr<entry_io> module_io(std::shared_ptr<torch::nn::Module> module);

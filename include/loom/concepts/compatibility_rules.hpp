@@ -19,6 +19,10 @@
 #define LOOM_RULE_STRATEGY_NOT_ON_ACCELERATOR                                                                       \
   "the strategy does not run on this accelerator (its runs_on_cpu / runs_on_cuda traits say so). Choose another "   \
   "accelerator or strategy."
+#define LOOM_RULE_SHARDED_PRECISION                                                                         \
+  "a sharded strategy (fsdp, deepspeed) takes 32-true, bf16-true and bf16-mixed (16-true on cuda): 64-true is "  \
+  "not among Lightning's FSDP precisions, and 16-mixed needs a gradient scaler whose inf check is reduced over "   \
+  "the shards, which loom does not have yet. Use bf16-mixed (loom::bf16_mixed) or 32-true (loom::fp32)."
 #define LOOM_RULE_ONE_PROCESS                                                                                       \
   "the strategy runs one process on one device, but more were asked for. Use devices=1, or a distributed "          \
   "strategy such as loom::ddp."
@@ -34,12 +38,14 @@ struct precision_facts {
   std::string_view name;
   bool fp16 = false;   // computes in float16 (16-true, 16-mixed)
   bool mixed = false;  // autocast over fp32 weights
+  bool fp64 = false;   // 64-true
 };
 struct strategy_facts {
   std::string_view name;
   bool multi_process = false;  // more than one process (else: one process, one device)
   bool runs_on_cpu = true;
   bool runs_on_cuda = true;
+  bool sharded = false;  // gradients live in shards (fsdp, deepspeed)
 };
 
 enum class rule {
@@ -47,6 +53,7 @@ enum class rule {
   fp16_true_without_kernels,
   fp16_autocast_without_kernels,
   strategy_not_on_accelerator,
+  sharded_precision,
   one_process,
 };
 
@@ -60,6 +67,7 @@ inline constexpr rule_reason reasons[] = {
     {rule::fp16_true_without_kernels, LOOM_RULE_FP16_TRUE_WITHOUT_KERNELS},
     {rule::fp16_autocast_without_kernels, LOOM_RULE_FP16_AUTOCAST_WITHOUT_KERNELS},
     {rule::strategy_not_on_accelerator, LOOM_RULE_STRATEGY_NOT_ON_ACCELERATOR},
+    {rule::sharded_precision, LOOM_RULE_SHARDED_PRECISION},
     {rule::one_process, LOOM_RULE_ONE_PROCESS},
 };
 
@@ -75,6 +83,7 @@ constexpr rule first_broken(const accelerator_facts& accelerator, const strategy
                             const precision_facts& precision) {
   const bool cuda = accelerator.name == "cuda";
   if (!(cuda ? strategy.runs_on_cuda : strategy.runs_on_cpu)) return rule::strategy_not_on_accelerator;
+  if (strategy.sharded && (precision.fp64 || (precision.fp16 && precision.mixed))) return rule::sharded_precision;
   if (precision.fp16 && !precision.mixed && !accelerator.fp16_compute) return rule::fp16_true_without_kernels;
   if (precision.fp16 && precision.mixed && !accelerator.fp16_compute) return rule::fp16_autocast_without_kernels;
   return rule::none;
@@ -92,7 +101,8 @@ constexpr accelerator_facts builtin_accelerator(std::string_view name) {
 constexpr precision_facts builtin_precision(std::string_view canonical_name) {
   return {.name = canonical_name,
           .fp16 = canonical_name == "16-true" || canonical_name == "16-mixed",
-          .mixed = canonical_name == "16-mixed" || canonical_name == "bf16-mixed"};
+          .mixed = canonical_name == "16-mixed" || canonical_name == "bf16-mixed",
+          .fp64 = canonical_name == "64-true"};
 }
 
 }  // namespace loom::rules

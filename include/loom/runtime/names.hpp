@@ -24,10 +24,11 @@ struct strategy_name {
   std::string reason;  // why not, when not built ("no C++ meaning: use ddp")
   std::string description;
   // What the compatibility rules read (concepts/compatibility_rules.hpp):
-  // the strategy type's is_distributed, runs_on_cpu and runs_on_cuda.
+  // the strategy type's is_distributed, runs_on_cpu, runs_on_cuda and is_sharded.
   bool multi_process = true;
   bool runs_on_cpu = true;
   bool runs_on_cuda = true;
+  bool sharded = false;
 };
 // Lightning's registry names plus loom's own, with what loom has built.
 const std::vector<strategy_name>& strategy_names();

@@ -37,6 +37,7 @@ struct registry_entry {
   bool multi_process = true;
   bool runs_on_cpu = true;
   bool runs_on_cuda = true;
+  bool sharded = false;
   fabric_factory make;
 };
 

@@ -1,0 +1,202 @@
+// Fully sharded data parallel (Lightning's "fsdp", FSDPStrategy): the
+// parallel strategy plus the sharding engine (fsdp_engine.hpp) over the
+// model's units. Runs on Gloo (CPU) and NCCL alike; Lightning refuses FSDP on
+// CPU, loom does not (docs/fsdp.md lists the differences).
+#pragma once
+
+#include <loom/strategy/fsdp_engine.hpp>
+#include <loom/strategy/fsdp_options.hpp>
+#include <loom/strategy/parallel.hpp>
+#include <loom/strategy/unit.hpp>
+
+#include <memory>
+#include <string_view>
+#include <vector>
+
+namespace loom {
+
+// The guard of fabric.no_backward_sync under FSDP (torch's FSDP.no_sync):
+// backward passes inside it keep each unit's gradients unsharded and
+// unreduced (one full gradient buffer per unit stays allocated: the memory
+// of a DDP gradient); the next synced backward reduce-scatters the sum.
+class [[nodiscard("a guard acts only while it lives: name it (auto guard = ...)")]] fsdp_no_sync_guard {
+ public:
+  fsdp_no_sync_guard(detail::fsdp_engine& engine, bool enabled) : engine_(&engine), previous_(engine.sync_enabled()) {
+    if (enabled) engine.set_sync_enabled(false);
+  }
+  fsdp_no_sync_guard(const fsdp_no_sync_guard&) = delete;
+  fsdp_no_sync_guard& operator=(const fsdp_no_sync_guard&) = delete;
+  ~fsdp_no_sync_guard() { engine_->set_sync_enabled(previous_); }
+
+ private:
+  detail::fsdp_engine* engine_;
+  bool previous_;
+};
+
+struct fsdp : parallel {
+  static constexpr std::string_view name = "fsdp";
+  static constexpr bool is_sharded = true;
+  static constexpr bool supports_no_backward_sync = true;
+
+  // The sharding engine of each set-up module.
+  using module_state = std::shared_ptr<detail::fsdp_engine>;
+
+  fsdp() = default;
+  explicit fsdp(fsdp_options options)
+      : parallel(parallel_options{
+            .timeout = options.timeout, .backend = options.process_group_backend, .launcher = options.launcher}),
+        options_(std::move(options)) {}
+
+  module_state setup_module(torch::nn::Module& module, bool move_to_device = true) {
+    comm::process_group& world = this->group();
+    if (move_to_device) module.to(this->device_);
+    auto engine = std::make_shared<detail::fsdp_engine>(module, world, options_, runtime().local_world_size());
+    engines_.push_back(engine);
+    return engine;
+  }
+
+  template <class Forward>
+  auto forward(module_state& engine, torch::nn::Module& /*module*/, Forward&& run) {
+    engine->root_pre_forward();
+    auto output = std::forward<Forward>(run)();
+    for_each_tensor(output, [&engine](const at::Tensor& t) { engine->root_watch_output(t); });
+    engine->root_post_forward();
+    return output;
+  }
+
+  fsdp_no_sync_guard no_backward_sync(module_state& engine, bool enabled = true) {
+    return fsdp_no_sync_guard(*engine, enabled);
+  }
+
+  // Gradients set to none (torch 2.x's default): the next reduction writes
+  // the shard instead of adding to it.
+  void zero_grad(torch::optim::Optimizer& optimizer) {
+    for (auto& group : optimizer.param_groups()) {
+      for (auto& parameter : group.params()) parameter.mutable_grad().reset();
+    }
+  }
+
+  // The norm over every rank's gradient shards: the single-device norm.
+  template <class State>
+  std::optional<double> clip_gradients(State& engine, torch::nn::Module& /*module*/, const clip_options& options) {
+    return engine->clip_gradients(options);
+  }
+
+  // Collectives the engines of this strategy's live modules have issued.
+  detail::fsdp_counters gradient_collectives() const {
+    detail::fsdp_counters total;
+    for (const auto& weak : engines_) {
+      if (auto engine = weak.lock()) {
+        const auto& c = engine->counters();
+        total.all_gathers += c.all_gathers;
+        total.reduce_scatters += c.reduce_scatters;
+        total.all_reduces += c.all_reduces;
+        total.prefetches += c.prefetches;
+      }
+    }
+    return total;
+  }
+
+  // ------------------------------------------------------------ checkpoints
+  // Sharded (Lightning's default state_dict_type): a directory, each rank's
+  // file holding its shards keyed by parameter name, meta.pt written last.
+  // Full: parameters and optimizer state gathered unit by unit to rank 0,
+  // which writes one file loadable by single_device, ddp and fsdp of any
+  // world size.
+  void save_checkpoint(const std::string& path, const state& checkpoint, const state_filter& filter,
+                       const checkpoint_metadata& metadata) {
+    if (options_.state_dict == state_dict_type::full) {
+      with_full_state(checkpoint, /*write_back=*/false, /*root=*/0, [&] {
+        if (global_rank() == 0) loom::save_checkpoint(path, checkpoint, filter, metadata);
+      });
+      barrier();
+      return;
+    }
+    if (!filter.empty()) {
+      throw configuration_error("fsdp: a filter is refused for sharded saves (as Lightning, pytorch#105379); save "
+                                "with state_dict_type=full to filter");
+    }
+    shard_layout layout;
+    for (const auto& entry : checkpoint.entries()) {
+      if (auto* optimizer = entry.io().optimizer(); optimizer && !detail::fsdp_engine::knows_state_layout(*optimizer)) {
+        throw configuration_error("fsdp: '" + entry.name() + "' is an optimizer whose state loom cannot slice "
+                                  "(SGD, Adam, AdamW, RMSprop and Adagrad are known); a sharded save could not be "
+                                  "resharded or consolidated");
+      }
+      const torch::nn::Module* module = entry.io().module();
+      if (module == nullptr) continue;
+      for (const auto& item : module->named_parameters()) {
+        for (const auto& weak : engines_) {
+          auto engine = weak.lock();
+          if (!engine) continue;
+          if (auto range = engine->shard_of(item.value())) layout[item.key()] = *range;
+        }
+      }
+    }
+    loom::save_sharded_checkpoint(path, checkpoint, metadata, layout, group());
+  }
+  // Full or sharded (told apart by load_checkpoint), written by any number
+  // of ranks: every rank reads it at full size and keeps its shards.
+  state load_checkpoint(const std::string& path, const state& checkpoint, bool strict) {
+    state rest;
+    with_full_state(checkpoint, /*write_back=*/true, /*root=*/-1,
+                    [&] { rest = loom::load_checkpoint(path, checkpoint, strict); });
+    return rest;
+  }
+
+  const fsdp_options& options() const noexcept { return options_; }
+  // What the next fabric.save writes (Lightning's state_dict_type).
+  void set_state_dict_type(loom::state_dict_type type) noexcept { options_.state_dict = type; }
+
+ private:
+  // Runs body with every live engine's parameters (and the checkpoint's
+  // optimizers' state) full-sized.
+  template <class Body>
+  void with_full_state(const state& checkpoint, bool write_back, int root, Body&& body) {
+    std::vector<torch::optim::Optimizer*> optimizers;
+    for (const auto& entry : checkpoint.entries()) {
+      if (auto* optimizer = entry.io().optimizer()) optimizers.push_back(optimizer);
+    }
+    std::vector<std::shared_ptr<detail::fsdp_engine>> live;
+    for (const auto& weak : engines_) {
+      if (auto engine = weak.lock()) live.push_back(std::move(engine));
+    }
+    nest(live, 0, optimizers, write_back, root, body);
+  }
+  template <class Body>
+  static void nest(const std::vector<std::shared_ptr<detail::fsdp_engine>>& live, std::size_t k,
+                   const std::vector<torch::optim::Optimizer*>& optimizers, bool write_back, int root, Body& body) {
+    if (k == live.size()) {
+      body();
+      return;
+    }
+    live[k]->with_full_state(
+        optimizers, [&] { nest(live, k + 1, optimizers, write_back, root, body); }, write_back, root);
+  }
+
+  fsdp_options options_;
+  std::vector<std::weak_ptr<detail::fsdp_engine>> engines_;
+};
+
+// Lightning's preset "fsdp_cpu_offload" (cpu_offload=True, FULL_SHARD).
+// no_backward_sync is refused at compile time: the skipped reductions would
+// keep every unit's unsharded gradient on the device, which is what offload
+// is for (torch 1.13 got this combination wrong: pytorch#98494).
+struct fsdp_cpu_offload : fsdp {
+  static constexpr std::string_view name = "fsdp_cpu_offload";
+  static constexpr bool supports_no_backward_sync = false;
+
+  fsdp_cpu_offload() : fsdp(offloaded({})) {}
+  explicit fsdp_cpu_offload(fsdp_options options) : fsdp(offloaded(std::move(options))) {}
+
+ private:
+  static fsdp_options offloaded(fsdp_options options) {
+    options.cpu_offload = true;
+    return options;
+  }
+};
+
+static_assert(Strategy<fsdp>);
+static_assert(Strategy<fsdp_cpu_offload>);
+
+}  // namespace loom

@@ -1,0 +1,104 @@
+// The sharding engine behind loom::fsdp (and ZeRO after it): the parameters
+// of each unit in one flat buffer padded to a multiple of the shard count,
+// this rank keeping its shard; all-gathered before the unit's forward and
+// again before its backward (prefetched one unit ahead), freed after;
+// gradients reduce-scattered (averaged) as soon as the unit's backward is
+// done. The user's parameters are re-pointed (Tensor::set_data) to their
+// slices of the shard, so any torch::optim optimizer steps on shards.
+// Compiled once in src/; the model reaches it through loom::unit<M>.
+#pragma once
+
+#include <loom/checkpoint/io.hpp>
+#include <loom/comm/process_group.hpp>
+#include <loom/strategy/fsdp_options.hpp>
+#include <loom/util/clip_options.hpp>
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace torch::nn {
+class Module;
+}
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace loom::detail {
+
+// What one unit holds, for tests, benchmarks and the docs' tables.
+struct unit_summary {
+  std::string name;        // the module's dotted path ("" for the root)
+  std::int64_t numel = 0;  // parameters flattened into it
+  std::int64_t padded = 0; // numel rounded up to a multiple of the shard count
+  std::int64_t shard = 0;  // elements this rank keeps
+};
+
+// Counters a test reads (collectives the engine issued).
+struct fsdp_counters {
+  std::uint64_t all_gathers = 0;      // parameter gathers (forward, backward, prefetched)
+  std::uint64_t reduce_scatters = 0;  // gradient reductions over the shard group
+  std::uint64_t all_reduces = 0;      // gradient reductions over the replicate group
+  std::uint64_t prefetches = 0;       // gathers issued ahead of the unit's use
+};
+
+class fsdp_engine {
+ public:
+  // Collective over world: every rank builds the same units. shard_size is
+  // the size of the shard group (the replicate group is world / shard_size).
+  fsdp_engine(torch::nn::Module& module, comm::process_group& world, const fsdp_options& options,
+              int ranks_per_node);
+  fsdp_engine(const fsdp_engine&) = delete;
+  fsdp_engine& operator=(const fsdp_engine&) = delete;
+  ~fsdp_engine();
+
+  // Around the wrapped module's forward: the root unit (parameters outside
+  // every sub-unit) is gathered for the whole forward and its backward.
+  void root_pre_forward();
+  void root_watch_output(const at::Tensor& output);
+  void root_post_forward();
+
+  bool sync_enabled() const noexcept;
+  void set_sync_enabled(bool enabled) noexcept;
+
+  // The norm over every shard (the single-device norm), and the clipping.
+  std::optional<double> clip_gradients(const clip_options& options);
+  // Sets every gradient to none (the reduced shard is written, not added).
+  void zero_grad();
+
+  // Full parameters, gathered unit by unit: visit(name, full tensor) on
+  // `root` only (every rank takes part). -1: on every rank.
+  void gather_full_parameters(int root, const std::function<void(const std::string&, const at::Tensor&)>& visit);
+  // Runs body with every parameter (and, when given, the optimizers' state)
+  // full-sized on `root` (-1: every rank), gathered unit by unit (the other
+  // ranks keep nothing); with write_back, what body wrote is sliced back
+  // into this rank's shards. For full checkpoints.
+  void with_full_state(std::vector<torch::optim::Optimizer*> optimizers, const std::function<void()>& body,
+                       bool write_back, int root = -1);
+  // This rank's slice of a sharded parameter (nullopt: not sharded here).
+  std::optional<shard_range> shard_of(const at::Tensor& parameter) const;
+  // Whether an optimizer's per-parameter state can be sliced and gathered
+  // (SGD, Adam, AdamW, RMSprop, Adagrad).
+  static bool knows_state_layout(torch::optim::Optimizer& optimizer);
+
+  std::vector<unit_summary> units() const;
+  const fsdp_counters& counters() const noexcept;
+  int shard_size() const noexcept;
+  int replicate_size() const noexcept;
+  // Bytes of the flat shards this rank keeps (parameters), and of everything
+  // the engine holds between steps (shards, gradient shards, caches).
+  std::int64_t parameter_shard_bytes() const;
+  std::int64_t held_bytes() const;
+
+  struct impl;
+
+ private:
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace loom::detail

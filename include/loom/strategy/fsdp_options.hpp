@@ -1,0 +1,92 @@
+// FSDPStrategy's options under Lightning's names (and the torch enums they
+// take), for loom::fsdp. Units are chosen by loom::unit<M> holders the model
+// declares and by auto_wrap_policy; see docs/fsdp.md.
+#pragma once
+
+#include <loom/comm/capabilities.hpp>
+#include <loom/launch/launcher_kind.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <set>
+#include <string_view>
+#include <typeindex>
+#include <utility>
+
+namespace torch::nn {
+class Module;
+}
+
+namespace loom {
+
+// torch.distributed.fsdp.ShardingStrategy.
+enum class sharding_strategy {
+  full_shard,     // parameters, gradients, optimizer state sharded; parameters freed after each unit's forward (ZeRO-3)
+  shard_grad_op,  // gradients and optimizer state sharded; parameters gathered once per step, freed after backward (ZeRO-2)
+  no_shard,       // nothing sharded: gradients all-reduced (DDP's semantics)
+  hybrid_shard,   // full_shard inside a node, replicated across nodes (device_mesh = (replicate, shard))
+};
+
+constexpr std::string_view to_string(sharding_strategy strategy) noexcept {
+  switch (strategy) {
+    case sharding_strategy::full_shard: return "FULL_SHARD";
+    case sharding_strategy::shard_grad_op: return "SHARD_GRAD_OP";
+    case sharding_strategy::no_shard: return "NO_SHARD";
+    case sharding_strategy::hybrid_shard: return "HYBRID_SHARD";
+  }
+  return "?";
+}
+
+// Lightning's auto_wrap_policy: which submodules become units at setup, in
+// addition to the loom::unit<M> holders the model declares. A set of module
+// types (Lightning's "set of layer classes"), a minimum parameter count
+// (torch's size_based_auto_wrap_policy), or any predicate on (module, its
+// dotted name, its parameter count not yet in a unit below it).
+struct auto_wrap_policy {
+  std::set<std::type_index> module_types;
+  std::int64_t min_num_params = 0;  // 0: off
+  std::function<bool(const torch::nn::Module&, std::string_view name, std::int64_t unwrapped_params)> predicate;
+
+  template <class... Modules>
+  static auto_wrap_policy types() {
+    return auto_wrap_policy{.module_types = {std::type_index(typeid(Modules))...}};
+  }
+  static auto_wrap_policy size_based(std::int64_t min_num_params) {
+    return auto_wrap_policy{.min_num_params = min_num_params};
+  }
+  bool empty() const noexcept { return module_types.empty() && min_num_params <= 0 && !predicate; }
+};
+
+// Lightning's state_dict_type: what fabric.save writes.
+enum class state_dict_type {
+  sharded,  // a directory: one file per rank with its shards, and meta.pt (Lightning's default)
+  full,     // one file, gathered by rank 0: loads into single_device, ddp or fsdp of any size
+};
+
+struct fsdp_options {
+  sharding_strategy strategy = sharding_strategy::full_shard;  // Lightning: sharding_strategy="FULL_SHARD"
+  auto_wrap_policy wrap_policy;                                // Lightning: auto_wrap_policy
+  // Lightning: activation_checkpointing_policy (a set of layer classes): those
+  // units run their forward without keeping activations and recompute it in
+  // backward. A loom::unit<M> can also ask for it itself.
+  std::set<std::type_index> activation_checkpointing_types;
+  // Lightning: device_mesh=(replicate, shard) for HYBRID_SHARD; the product
+  // must be the world size. Unset: (number of nodes, devices per node).
+  std::optional<std::pair<int, int>> device_mesh;
+  // The next unit's all-gather is issued while the current one computes.
+  bool forward_prefetch = true;   // torch: forward_prefetch
+  bool backward_prefetch = true;  // torch: backward_prefetch=BACKWARD_PRE
+  loom::state_dict_type state_dict = state_dict_type::sharded;  // Lightning: state_dict_type
+  // Lightning: cpu_offload (fsdp_cpu_offload is this with true).
+  bool cpu_offload = false;
+  // Parameters and buffers are made equal to rank 0's at setup (torch:
+  // sync_module_states), as DDP does.
+  bool sync_module_states = true;
+  std::chrono::milliseconds timeout = std::chrono::minutes(30);
+  comm::backend process_group_backend = comm::backend::gloo;
+  launcher_kind launcher = launcher_kind::subprocess;
+};
+
+}  // namespace loom

@@ -1,0 +1,136 @@
+// loom::unit<M>: the holder a model declares for a block that sharded
+// strategies treat as one unit (FSDP's wrapped module). LibTorch 1.13 has no
+// module forward hooks, so the unit's own forward is the hook: until a
+// strategy sets the model up, unit<M> is exactly M (same constructor, same
+// forward, same parameter names); after, its forward gathers the unit's
+// parameters first, frees them after (FULL_SHARD) and arranges for their
+// gradients to be reduced as soon as its backward is done. Works inside
+// torch::nn::Sequential (its forward has M's own signature where M has one).
+#pragma once
+
+#include <loom/util/apply_to_collection.hpp>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <concepts>
+#include <type_traits>
+#include <utility>
+
+namespace loom {
+
+namespace detail {
+// A unit as the sharding engine keeps it (src/strategy/fsdp_engine.cpp).
+struct sharded_unit;
+// Called around a set-up unit's forward; compiled once, no virtual call.
+void unit_pre_forward(sharded_unit& unit);
+void unit_watch_output(sharded_unit& unit, const at::Tensor& output);
+void unit_post_forward(sharded_unit& unit);
+}  // namespace detail
+
+// What the engine finds among a model's modules at setup (dynamic_cast, once).
+class unit_marker {
+ public:
+  virtual ~unit_marker() = default;
+  // Lightning's activation_checkpointing_policy, per unit: recompute this
+  // unit's forward in backward instead of keeping its activations.
+  void checkpoint_activations(bool enabled = true) noexcept { checkpoint_activations_ = enabled; }
+  bool checkpoints_activations() const noexcept { return checkpoint_activations_; }
+
+  // Set by the engine at setup (nullptr: not set up; forward is M's).
+  detail::sharded_unit* sharded() const noexcept { return unit_; }
+  void attach(detail::sharded_unit* unit) noexcept { unit_ = unit; }
+
+ protected:
+  template <class Result, class Body>
+  Result run_unit(Body&& body) {
+    if (unit_ == nullptr) return std::forward<Body>(body)();
+    detail::unit_pre_forward(*unit_);
+    Result out = std::forward<Body>(body)();
+    for_each_tensor(out, [this](const at::Tensor& tensor) { detail::unit_watch_output(*unit_, tensor); });
+    detail::unit_post_forward(*unit_);
+    return out;
+  }
+
+ private:
+  detail::sharded_unit* unit_ = nullptr;
+  bool checkpoint_activations_ = false;
+};
+
+namespace detail {
+
+// What unit<M> wraps: M's module class (M may be the class or its holder).
+template <class M>
+struct unit_target {
+  using type = M;
+};
+template <class M>
+  requires requires { typename M::ContainedType; }
+struct unit_target<M> {
+  using type = typename M::ContainedType;
+};
+
+template <class Impl>
+constexpr bool is_module_impl() {
+  static_assert(std::derived_from<Impl, torch::nn::Module>,
+                "loom::unit<M>: M must be a LibTorch module, a torch::nn::Module subclass (BlockImpl) or the "
+                "TORCH_MODULE holder of one (Block, torch::nn::Linear); a unit shards the parameters a module "
+                "registers, and this type registers none.");
+  return std::derived_from<Impl, torch::nn::Module>;
+}
+
+// M's forward as a member pointer, when it has exactly one non-template forward.
+template <class Impl>
+using forward_pointer_t = decltype(&Impl::forward);
+
+template <class Impl, class Pointer>
+class unit_impl_of;
+
+// forward with M's own signature (what Sequential's AnyModule needs).
+template <class Impl, class Result, class Class, class... Args>
+class unit_impl_of<Impl, Result (Class::*)(Args...)> : public Impl, public unit_marker {
+ public:
+  using Impl::Impl;
+  Result forward(Args... args) {
+    return this->template run_unit<Result>([&]() -> Result { return Impl::forward(std::forward<Args>(args)...); });
+  }
+};
+
+// M's forward is a template or overloaded: forward whatever M accepts.
+template <class Impl>
+class unit_impl_of<Impl, void> : public Impl, public unit_marker {
+ public:
+  using Impl::Impl;
+  template <class... Args>
+  auto forward(Args&&... args) -> decltype(std::declval<Impl&>().forward(std::forward<Args>(args)...)) {
+    using result = decltype(std::declval<Impl&>().forward(std::forward<Args>(args)...));
+    return this->template run_unit<result>([&]() -> result { return Impl::forward(std::forward<Args>(args)...); });
+  }
+};
+
+template <class Impl>
+struct unit_impl_select {
+  using type = unit_impl_of<Impl, void>;
+};
+template <class Impl>
+  requires requires { &Impl::forward; }
+struct unit_impl_select<Impl> {
+  using type = unit_impl_of<Impl, forward_pointer_t<Impl>>;
+};
+
+}  // namespace detail
+
+template <class M>
+  requires(detail::is_module_impl<typename detail::unit_target<M>::type>())
+using unit_impl = typename detail::unit_impl_select<typename detail::unit_target<M>::type>::type;
+
+// The holder: loom::unit<torch::nn::Linear> fc{784, 1024}; or
+// loom::unit<BlockImpl> block{options}; register it as any module.
+template <class M>
+class unit : public torch::nn::ModuleHolder<unit_impl<M>> {
+ public:
+  using torch::nn::ModuleHolder<unit_impl<M>>::ModuleHolder;
+};
+
+}  // namespace loom

@@ -1,0 +1,294 @@
+// Sharded checkpoints (Lightning's state_dict_type="sharded"): a directory
+// with one file per rank, each a checkpoint in loom's format holding that
+// rank's slices of the sharded parameters and optimizer state (keyed by
+// parameter name, with each slice's range in the flattened parameter), and
+// meta.pt, written last by rank 0, with every rank file's size and CRC32.
+//
+// Saving stages the directory beside PATH and publishes it in one step
+// (publish_directory), so PATH is always the complete old or the complete
+// new checkpoint. Reading checks meta.pt and every file before anything is
+// parsed, then concatenates each parameter's slices in range order: a
+// checkpoint written on any number of ranks reads as full tensors, which is
+// how it reshards and how consolidate makes one file of it.
+#include <loom/checkpoint/io.hpp>
+#include <loom/errors.hpp>
+
+#include "checkpoint_bytes.hpp"
+#include "file_bytes.hpp"
+#include "torch_archive.hpp"
+
+#include <ATen/ATen.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <map>
+
+namespace loom {
+namespace fs = std::filesystem;
+using detail::fail_checkpoint;
+
+namespace {
+
+constexpr const char* meta_file = "meta.pt";
+constexpr const char* files_key = "__loom_shard_files__";
+
+std::string rank_file(std::int64_t rank, std::int64_t world) {
+  return "shard_" + std::to_string(rank) + "_of_" + std::to_string(world) + ".pt";
+}
+
+struct piece {
+  std::int64_t begin = 0, end = 0;
+  at::Tensor values;
+};
+
+// One tensor from the slices the ranks hold, in range order; replicas (the
+// same range on several ranks: NO_SHARD, HYBRID_SHARD's replicate groups)
+// count once.
+at::Tensor concatenate(std::vector<piece> pieces, const shard_range& range, const std::string& what,
+                       const std::string& path) {
+  std::sort(pieces.begin(), pieces.end(), [](const piece& a, const piece& b) { return a.begin < b.begin; });
+  std::int64_t numel = 1;
+  for (std::int64_t d : range.shape) numel *= d;
+  std::vector<at::Tensor> parts;
+  std::int64_t covered = 0;
+  for (const auto& p : pieces) {
+    if (p.end <= covered) continue;  // a replica, or empty
+    if (p.begin != covered) {
+      fail_checkpoint(path, "the shards of " + what + " do not tile it: elements " + std::to_string(covered) +
+                                " to " + std::to_string(p.begin) + " are in no rank's file");
+    }
+    if (p.values.numel() != p.end - p.begin) {
+      fail_checkpoint(path, "a shard of " + what + " holds " + std::to_string(p.values.numel()) +
+                                " elements for the range [" + std::to_string(p.begin) + ", " + std::to_string(p.end) +
+                                ")");
+    }
+    parts.push_back(p.values.reshape({-1}));
+    covered = p.end;
+  }
+  if (covered != numel) {
+    fail_checkpoint(path, "the shards of " + what + " cover " + std::to_string(covered) + " of its " +
+                              std::to_string(numel) + " elements");
+  }
+  return at::cat(parts).view(range.shape);
+}
+
+bool is_optimizer_dict(const c10::IValue& value) {
+  if (!value.isGenericDict()) return false;
+  const auto dict = value.toGenericDict();
+  return dict.contains("state") && dict.contains("param_groups");
+}
+
+// The full contents from every rank's: sharded tensors concatenated, the
+// rest taken from rank 0's file.
+checkpoint_contents merge(std::vector<checkpoint_contents>& ranks, const std::string& path) {
+  checkpoint_contents out;
+  out.metadata = ranks.front().metadata;
+  out.metadata.shards.clear();
+  out.metadata.global_rank = 0;
+  const shard_layout& layout = ranks.front().metadata.shards;
+  auto merged_tensor = [&](const std::string& name, const std::string& what,
+                           const std::function<c10::IValue(const checkpoint_contents&)>& find) -> at::Tensor {
+    std::vector<piece> pieces;
+    for (const auto& rank : ranks) {
+      auto found = rank.metadata.shards.find(name);
+      if (found == rank.metadata.shards.end()) {
+        fail_checkpoint(path, "rank " + std::to_string(rank.metadata.global_rank) + "'s file has no range for '" +
+                                  name + "'");
+      }
+      const c10::IValue value = find(rank);
+      if (!value.isTensor()) fail_checkpoint(path, what + " is missing from rank " + std::to_string(rank.metadata.global_rank) + "'s file");
+      pieces.push_back({found->second.begin, found->second.end, value.toTensor()});
+    }
+    return concatenate(std::move(pieces), layout.at(name), what, path);
+  };
+  auto entry_of = [](const checkpoint_contents& rank, const std::string& entry) {
+    auto found = rank.entries.find(entry);
+    return found == rank.entries.end() ? c10::IValue() : found->value();
+  };
+  for (const auto& item : ranks.front().entries) {
+    const std::string entry = item.key().toStringRef();
+    const c10::IValue& value = item.value();
+    if (entry == files_key) continue;
+    if (is_optimizer_dict(value)) {
+      // torch.optim's layout, keyed by parameter name: each per-parameter
+      // state tensor with the slice's shape is concatenated; scalars (step) kept.
+      auto dict = value.toGenericDict().copy();
+      auto state = dict.at("state").toGenericDict().copy();
+      for (const auto& per : value.toGenericDict().at("state").toGenericDict()) {
+        if (!per.key().isString() || !per.value().isGenericDict()) continue;
+        const std::string name = per.key().toStringRef();
+        auto range = layout.find(name);
+        if (range == layout.end()) continue;
+        auto fields = per.value().toGenericDict().copy();
+        for (const auto& field : per.value().toGenericDict()) {
+          const std::string key = field.key().toStringRef();
+          if (!field.value().isTensor() || field.value().toTensor().dim() != 1 ||
+              field.value().toTensor().numel() != range->second.end - range->second.begin) {
+            continue;
+          }
+          fields.insert_or_assign(key, merged_tensor(name, "'" + entry + "' state '" + key + "' of '" + name + "'",
+                                                     [&](const checkpoint_contents& rank) -> c10::IValue {
+                                                       const c10::IValue o = entry_of(rank, entry);
+                                                       if (!is_optimizer_dict(o)) return {};
+                                                       const auto s = o.toGenericDict().at("state").toGenericDict();
+                                                       auto f = s.find(name);
+                                                       if (f == s.end() || !f->value().isGenericDict()) return {};
+                                                       auto g = f->value().toGenericDict().find(key);
+                                                       return g == f->value().toGenericDict().end() ? c10::IValue()
+                                                                                                    : g->value();
+                                                     }));
+        }
+        state.insert_or_assign(per.key(), fields);
+      }
+      dict.insert_or_assign("state", state);
+      out.entries.insert(entry, dict);
+    } else if (value.isGenericDict()) {
+      // A module's state dict: its sharded parameters concatenated.
+      auto dict = value.toGenericDict().copy();
+      for (const auto& field : value.toGenericDict()) {
+        if (!field.key().isString()) continue;
+        const std::string name = field.key().toStringRef();
+        if (!layout.count(name)) continue;
+        dict.insert_or_assign(field.key(), merged_tensor(name, "'" + entry + "." + name + "'",
+                                                         [&](const checkpoint_contents& rank) -> c10::IValue {
+                                                           const c10::IValue m = entry_of(rank, entry);
+                                                           if (!m.isGenericDict()) return {};
+                                                           auto f = m.toGenericDict().find(name);
+                                                           return f == m.toGenericDict().end() ? c10::IValue()
+                                                                                               : f->value();
+                                                         }));
+      }
+      out.entries.insert(entry, dict);
+    } else {
+      out.entries.insert(entry, value);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+bool is_sharded_checkpoint(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) && fs::exists(fs::path(path) / meta_file, ec);
+}
+
+void save_sharded_checkpoint(const std::string& path, const state& state, const checkpoint_metadata& metadata,
+                             const shard_layout& layout, comm::process_group& group) {
+  const int rank = group.rank();
+  const int world = group.size();
+  // Rank 0 decides where to stage, and whether PATH may be replaced; every
+  // rank learns the answer (an error included) before anything is written.
+  std::string answer;
+  if (rank == 0) {
+    std::error_code ec;
+    const fs::path target = fs::absolute(path);
+    if (fs::exists(target, ec) && fs::is_directory(target, ec) && !is_sharded_checkpoint(path)) {
+      answer = "!is an existing directory that is not a loom sharded checkpoint (it has no meta.pt); loom replaces "
+               "only its own checkpoints: choose another path or remove it";
+    } else {
+      // Leftovers of saves that died before publishing.
+      const std::string prefix = target.filename().string() + ".tmp-";
+      for (const auto& sibling : fs::directory_iterator(target.parent_path(), ec)) {
+        if (sibling.path().filename().string().rfind(prefix, 0) == 0) fs::remove_all(sibling.path(), ec);
+      }
+      const auto stamp = std::chrono::steady_clock::now().time_since_epoch().count();
+      const fs::path staged = target.parent_path() / (prefix + std::to_string(::getpid()) + "-" + std::to_string(stamp));
+      fs::create_directories(staged, ec);
+      answer = ec ? "!cannot create the staging directory " + staged.string() + " (" + ec.message() + ")"
+                  : staged.string();
+    }
+  }
+  if (group.valid()) answer = group.broadcast_object(c10::IValue(answer), 0).toStringRef();
+  if (!answer.empty() && answer.front() == '!') fail_checkpoint(path, answer.substr(1));
+  const fs::path staged = answer;
+
+  checkpoint_metadata mine = metadata;
+  mine.global_rank = rank;
+  mine.world_size = world;
+  mine.shards = layout;
+  const std::vector<char> bytes = detail::serialize_checkpoint(path, state, {}, mine);
+  write_file_atomically((staged / rank_file(rank, world)).string(), bytes);
+  at::Tensor report = at::tensor({static_cast<std::int64_t>(bytes.size()),
+                                  static_cast<std::int64_t>(detail::crc32_of(bytes.data(), bytes.size()))},
+                                 at::kLong);
+  const at::Tensor everyone = group.valid() ? group.all_gather_stacked(report) : report.unsqueeze(0);
+  if (rank == 0) {
+    c10::impl::GenericDict entries(c10::StringType::get(), c10::AnyType::get());
+    checkpoint_metadata shared = metadata;
+    shared.world_size = world;
+    for (const auto& entry : state.entries()) {
+      if (std::string type = entry.io().type_name(); !type.empty()) shared.optimizer_types[entry.name()] = type;
+    }
+    entries.insert(detail::metadata_key, detail::metadata_value(shared));
+    c10::impl::GenericList files(c10::AnyType::get());
+    for (int r = 0; r < world; ++r) {
+      c10::impl::GenericDict file(c10::StringType::get(), c10::AnyType::get());
+      file.insert("name", rank_file(r, world));
+      file.insert("bytes", everyone[r][0].item<std::int64_t>());
+      file.insert("crc32", everyone[r][1].item<std::int64_t>());
+      files.push_back(file);
+    }
+    entries.insert(files_key, files);
+    write_file_atomically((staged / meta_file).string(), detail::write_torch_archive(entries));
+    publish_directory(staged.string(), path);
+  }
+  if (group.valid()) group.barrier();
+}
+
+checkpoint_contents read_sharded_checkpoint(const std::string& directory) {
+  std::error_code ec;
+  const fs::path root(directory);
+  if (!fs::is_directory(root, ec)) fail_checkpoint(directory, "is not a directory");
+  const fs::path meta_path = root / meta_file;
+  if (!fs::exists(meta_path, ec)) {
+    fail_checkpoint(directory, "is a directory without meta.pt: not a loom sharded checkpoint, or a sharded save "
+                               "that did not finish");
+  }
+  const checkpoint_contents meta = detail::parse_checkpoint(detail::read_file(meta_path.string()), meta_path.string());
+  auto listed = meta.entries.find(files_key);
+  if (listed == meta.entries.end() || !listed->value().isList()) {
+    fail_checkpoint(meta_path.string(), "does not list the rank files (not a loom sharded checkpoint's meta.pt)");
+  }
+  // Every file is checked (present, size, CRC32) before any is parsed.
+  std::vector<std::pair<std::string, std::vector<char>>> files;
+  for (const auto& item : listed->value().toListRef()) {
+    const auto file = item.toGenericDict();
+    const std::string name = file.at("name").toStringRef();
+    const std::string file_path = (root / name).string();
+    if (!fs::exists(file_path, ec)) {
+      fail_checkpoint(directory, "is missing " + name + ", which meta.pt lists (" + std::to_string(meta.metadata.world_size) +
+                                     " rank files); nothing was changed");
+    }
+    std::vector<char> bytes = detail::read_file(file_path);
+    const auto expected_bytes = file.at("bytes").toInt();
+    const auto expected_crc = static_cast<std::uint32_t>(file.at("crc32").toInt());
+    if (static_cast<std::int64_t>(bytes.size()) != expected_bytes) {
+      fail_checkpoint(file_path, "has " + std::to_string(bytes.size()) + " bytes, meta.pt says " +
+                                     std::to_string(expected_bytes) + " (torn or replaced); nothing was changed");
+    }
+    if (detail::crc32_of(bytes.data(), bytes.size()) != expected_crc) {
+      fail_checkpoint(file_path, "does not match the CRC32 meta.pt recorded (corrupted); nothing was changed");
+    }
+    files.emplace_back(file_path, std::move(bytes));
+  }
+  if (files.empty()) fail_checkpoint(meta_path.string(), "lists no rank files");
+  std::vector<checkpoint_contents> ranks;
+  for (auto& [file_path, bytes] : files) {
+    ranks.push_back(detail::parse_checkpoint(bytes, file_path));
+    std::vector<char>().swap(bytes);
+    if (ranks.back().metadata.world_size != meta.metadata.world_size) {
+      fail_checkpoint(file_path, "was written by a job of " + std::to_string(ranks.back().metadata.world_size) +
+                                     " ranks, meta.pt by one of " + std::to_string(meta.metadata.world_size) +
+                                     " (files of two saves mixed)");
+    }
+  }
+  checkpoint_contents merged = merge(ranks, directory);
+  merged.metadata.optimizer_types = meta.metadata.optimizer_types;
+  return merged;
+}
+
+}  // namespace loom

@@ -1,0 +1,898 @@
+// The sharding engine (fsdp_engine.hpp). How a unit moves through a step:
+//
+//   forward    pre_forward: wait for its gather (issued ahead by the unit
+//              before it), point its parameters at the gathered buffer,
+//              issue the next unit's gather; the module's own forward;
+//              post_forward: parameters back to their shard slices, the
+//              gathered buffer freed (FULL_SHARD) or kept (SHARD_GRAD_OP),
+//              a hook on each output that needs a gradient.
+//   backward   the first output hook (pre_backward): gather again (issued
+//              ahead by the unit after it), parameters full-sized, each
+//              gradient a view of one zeroed flat gradient buffer, the
+//              previous unit's gather issued. AccumulateGrad adds every
+//              gradient into that buffer; its post hook counts them, and
+//              the last one (post_backward) issues the reduce-scatter,
+//              frees the gathered parameters and waits for the reduction
+//              issued before it. The autograd engine's final callback
+//              finishes what is left (units with unused parameters, the
+//              last reductions).
+//
+// Saved activations keep views of the gathered storage: freeing empties the
+// storage (its bytes go back to the allocator) and gathering refills the
+// same storage, so those views are valid again exactly when backward reads
+// them. The parameters' own tensors are re-pointed with set_data, which
+// keeps their version counters; the gathered views have counters of their
+// own, so refilling bumps nothing autograd checks.
+#include <loom/errors.hpp>
+#include <loom/strategy/fsdp_engine.hpp>
+#include <loom/strategy/unit.hpp>
+
+#include "../checkpoint/optimizer_state.hpp"
+
+#include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <limits>
+#include <map>
+#include <set>
+#include <typeindex>
+#include <unordered_map>
+
+namespace loom::detail {
+
+namespace {
+
+// A tensor's storage emptied (its bytes returned to the allocator) and
+// refilled in place: every view of it stays a view of it.
+void free_storage(const at::Tensor& tensor) {
+  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  if (storage->nbytes() == 0) return;
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, tensor.device()));
+  storage->set_nbytes(0);
+}
+void allocate_storage(const at::Tensor& tensor, std::size_t nbytes) {
+  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  if (storage->nbytes() == nbytes) return;
+  at::Allocator* allocator = storage->allocator();
+  if (allocator == nullptr) allocator = c10::GetAllocator(tensor.device().type());
+  storage->set_data_ptr_noswap(allocator->allocate(nbytes));
+  storage->set_nbytes(nbytes);
+}
+std::size_t bytes_of(const at::Tensor& flat) { return static_cast<std::size_t>(flat.numel()) * flat.element_size(); }
+
+// A tensor over `base`'s storage with a version counter of its own.
+at::Tensor alias(const at::Tensor& base, int64_t offset, at::IntArrayRef shape) {
+  at::NoGradGuard no_grad;
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 2; d >= 0; --d) {
+    strides[static_cast<std::size_t>(d)] = strides[static_cast<std::size_t>(d + 1)] * shape[static_cast<std::size_t>(d + 1)];
+  }
+  at::Tensor out = at::empty({0}, base.options());
+  out.set_(base.storage(), base.storage_offset() + offset, shape, strides);
+  return out;
+}
+
+}  // namespace
+
+// One parameter of a unit.
+struct unit_parameter {
+  at::Tensor param;                  // the user's leaf; its data is re-pointed
+  std::vector<std::string> names;    // every dotted name it has (shared parameters have several)
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  int64_t offset = 0;                // in the unit's flat buffer
+  at::Tensor full_view, grad_view;   // param-shaped, over the gathered buffers
+  at::Tensor shard_view, grad_shard_view;  // this rank's slice (1-D; param-shaped when nothing is sharded)
+  int64_t local_offset = 0;          // where shard_view starts inside the flat buffer
+  std::shared_ptr<torch::autograd::Node> accumulator;
+  std::uintptr_t hook_key = 0;
+  bool requires_grad = true;
+};
+
+struct sharded_unit {
+  fsdp_engine::impl* engine = nullptr;
+  std::string name;
+  torch::nn::Module* module = nullptr;
+  unit_marker* marker = nullptr;  // nullptr: the root, or a plain module chosen by auto_wrap_policy
+  int index = 0;
+  int parent = -1;                // the innermost unit above it
+  std::vector<unit_parameter> params;
+  int64_t numel = 0, padded = 0, shard_numel = 0;
+  at::Tensor shard, grad_shard, reduced;  // reduced: a fresh reduction, added when gradients accumulate
+  at::Tensor full, full_grad;             // storages emptied between uses (aliases of shard/grad_shard when unsharded)
+  comm::work gather;
+  bool gather_pending = false;
+  bool gathered = false;
+  bool views_full = false;        // parameters point at the gathered buffer
+  comm::work reduction;
+  bool reduction_pending = false;
+  bool backward_started = false;
+  bool post_backward_done = false;
+  bool grads_live = false;        // full_grad holds gradients (accumulating under no_backward_sync)
+  bool had_grad = false;          // the reduced shard is added to the gradients already there
+  int grads_expected = 0;
+  int grads_seen = 0;
+  int watched_outputs = 0;
+  int forward_position = -1;
+};
+
+struct fsdp_engine::impl {
+  fsdp_options options;
+  comm::process_group shard_group;      // invalid when the shard group is one rank
+  comm::process_group replicate_group;  // invalid when the replicate group is one rank
+  int shard_size = 1;
+  int shard_rank = 0;
+  int replicate_size = 1;
+  int global_rank = 0;
+  std::vector<std::unique_ptr<sharded_unit>> units;  // [0] is the root
+  std::vector<sharded_unit*> forward_order;          // sub-units with a hook, as the last forward ran them
+  std::size_t forward_cursor = 0;
+  bool sync = true;
+  bool backward_active = false;
+  std::vector<sharded_unit*> pending_reductions;     // issue order
+  fsdp_counters counters;
+
+  bool sharded() const noexcept { return shard_size > 1; }
+  bool frees_after_forward(const sharded_unit& unit) const noexcept {
+    return sharded() && unit.marker != nullptr && options.strategy != sharding_strategy::shard_grad_op;
+  }
+
+  // ------------------------------------------------------------ gathering
+  void issue_gather(sharded_unit& unit, bool prefetch) {
+    if (!sharded() || unit.gathered || unit.gather_pending) return;
+    allocate_storage(unit.full, bytes_of(unit.full));
+    unit.gather = shard_group.all_gather_into(unit.full, unit.shard);
+    unit.gather_pending = true;
+    ++counters.all_gathers;
+    if (prefetch) ++counters.prefetches;
+  }
+  void ensure_gathered(sharded_unit& unit) {
+    if (!sharded() || unit.gathered) return;
+    issue_gather(unit, false);
+    unit.gather.wait();
+    unit.gather_pending = false;
+    unit.gathered = true;
+  }
+  void point_full(sharded_unit& unit) {
+    if (unit.views_full) return;
+    for (auto& p : unit.params) p.param.set_data(p.full_view);
+    unit.views_full = true;
+  }
+  void point_shard(sharded_unit& unit) {
+    if (!unit.views_full) return;
+    for (auto& p : unit.params) p.param.set_data(p.shard_view);
+    unit.views_full = false;
+  }
+  void release(sharded_unit& unit) {
+    point_shard(unit);
+    if (!sharded() || !unit.gathered) return;
+    free_storage(unit.full);
+    unit.gathered = false;
+  }
+
+  // ------------------------------------------------------------- forward
+  void pre_forward(sharded_unit& unit) {
+    if (unit.forward_position < 0 || forward_cursor >= forward_order.size() ||
+        forward_order[forward_cursor] != &unit) {
+      // First step, or the order changed: record it (prefetch follows the record).
+      if (forward_cursor < forward_order.size()) forward_order.resize(forward_cursor);
+      forward_order.push_back(&unit);
+      unit.forward_position = static_cast<int>(forward_cursor);
+    }
+    ++forward_cursor;
+    ensure_gathered(unit);
+    point_full(unit);
+    if (options.forward_prefetch && forward_cursor < forward_order.size()) {
+      issue_gather(*forward_order[forward_cursor], true);
+    }
+  }
+
+  void watch(sharded_unit& unit, const at::Tensor& output) {
+    if (!output.defined() || !output.requires_grad()) return;
+    ++unit.watched_outputs;
+    sharded_unit* target = &unit;
+    output.register_hook([target](const at::Tensor&) { target->engine->pre_backward(*target); });
+  }
+
+  void post_forward(sharded_unit& unit) {
+    point_shard(unit);
+    if (frees_after_forward(unit) || unit.watched_outputs == 0) release(unit);
+    unit.watched_outputs = 0;
+  }
+
+  void root_pre_forward() {
+    forward_cursor = 0;
+    sharded_unit& root = *units[0];
+    // The root and the plain modules auto_wrap_policy chose (no forward of
+    // their own to hook) are gathered for the whole forward.
+    for (auto& unit : units) {
+      if (unit->marker == nullptr) issue_gather(*unit, false);
+    }
+    for (auto& unit : units) {
+      if (unit->marker == nullptr) {
+        ensure_gathered(*unit);
+        point_full(*unit);
+      }
+    }
+    if (options.forward_prefetch && !forward_order.empty()) issue_gather(*forward_order.front(), true);
+    (void)root;
+  }
+
+  void root_post_forward() {
+    sharded_unit& root = *units[0];
+    const bool backward_follows = root.watched_outputs > 0;
+    root.watched_outputs = 0;
+    for (auto& unit : units) {
+      if (unit->marker != nullptr) continue;
+      point_shard(*unit);
+      if (!backward_follows) release(*unit);
+    }
+    if (!backward_follows) {
+      // No backward will free what stayed gathered (SHARD_GRAD_OP, prefetched).
+      for (auto& unit : units) finish_gather_and_release(*unit);
+    }
+  }
+  void finish_gather_and_release(sharded_unit& unit) {
+    if (unit.gather_pending) {
+      unit.gather.wait();
+      unit.gather_pending = false;
+      unit.gathered = true;
+    }
+    release(unit);
+  }
+
+  // ------------------------------------------------------------ backward
+  void pre_backward(sharded_unit& unit) {
+    if (unit.backward_started) return;
+    if (!backward_active) {
+      backward_active = true;
+      torch::autograd::Engine::get_default_engine().queue_callback([this] { end_of_backward(); });
+    }
+    start_backward(unit);
+    if (unit.index == 0) {
+      for (auto& other : units) {
+        if (other->marker == nullptr && !other->backward_started) start_backward(*other);
+      }
+    }
+    if (options.backward_prefetch && unit.forward_position > 0 &&
+        static_cast<std::size_t>(unit.forward_position) <= forward_order.size()) {
+      issue_gather(*forward_order[static_cast<std::size_t>(unit.forward_position - 1)], true);
+    }
+  }
+
+  void start_backward(sharded_unit& unit) {
+    unit.backward_started = true;
+    unit.post_backward_done = false;
+    unit.grads_seen = 0;
+    ensure_gathered(unit);
+    point_full(unit);
+    if (!unit.grads_live) {
+      unit.had_grad = false;
+      for (auto& p : unit.params) unit.had_grad = unit.had_grad || p.param.grad().defined();
+      if (sharded()) {
+        allocate_storage(unit.full_grad, bytes_of(unit.full_grad));
+        unit.full_grad.zero_();
+      } else if (!unit.had_grad) {
+        unit.full_grad.zero_();  // unsharded: the gradient buffer is the shard itself
+      }
+      if (unit.had_grad) {
+        for (auto& p : unit.params) {
+          if (!p.param.grad().defined()) p.grad_shard_view.zero_();
+        }
+      }
+      unit.grads_live = true;
+    }
+    for (auto& p : unit.params) {
+      if (p.requires_grad) p.param.mutable_grad() = p.grad_view;
+    }
+  }
+
+  void gradient_ready(sharded_unit& unit) {
+    if (!unit.backward_started || unit.post_backward_done) return;
+    if (++unit.grads_seen == unit.grads_expected) post_backward(unit);
+  }
+
+  void post_backward(sharded_unit& unit) {
+    unit.post_backward_done = true;
+    if (!sync) {
+      // Gradients stay in the full buffer; the next backward adds to it.
+      for (auto& p : unit.params) p.param.mutable_grad().reset();
+      release(unit);
+      return;
+    }
+    if (sharded()) {
+      const at::Tensor& out = unit.had_grad ? unit.reduced : unit.grad_shard;
+      unit.reduction = shard_group.reduce_scatter_into(out, unit.full_grad, reduce_op::mean);
+      ++counters.reduce_scatters;
+    } else {
+      unit.reduction = replicate_group.all_reduce_async(unit.grad_shard, reduce_op::mean);
+      ++counters.all_reduces;
+    }
+    unit.reduction_pending = true;
+    release(unit);
+    // One reduction stays in flight behind this unit's backward; the older
+    // ones are finished now, so their full gradient buffers are freed.
+    for (sharded_unit* earlier : pending_reductions) finish_reduction(*earlier);
+    pending_reductions.clear();
+    pending_reductions.push_back(&unit);
+  }
+
+  void finish_reduction(sharded_unit& unit) {
+    if (!unit.reduction_pending) return;
+    unit.reduction.wait();
+    unit.reduction_pending = false;
+    if (sharded()) {
+      const at::Tensor& fresh = unit.had_grad ? unit.reduced : unit.grad_shard;
+      if (replicate_group.valid()) {
+        at::Tensor across = fresh;
+        replicate_group.all_reduce(across, reduce_op::mean);
+        ++counters.all_reduces;
+      }
+      if (unit.had_grad) unit.grad_shard.add_(unit.reduced);
+      free_storage(unit.full_grad);
+    }
+    unit.grads_live = false;
+    for (auto& p : unit.params) {
+      if (p.requires_grad) p.param.mutable_grad() = p.grad_shard_view;
+    }
+  }
+
+  void end_of_backward() {
+    for (auto& unit : units) {
+      if (unit->backward_started && !unit->post_backward_done) post_backward(*unit);
+    }
+    for (sharded_unit* unit : pending_reductions) finish_reduction(*unit);
+    pending_reductions.clear();
+    for (auto& unit : units) {
+      finish_gather_and_release(*unit);
+      unit->backward_started = false;
+      unit->post_backward_done = false;
+    }
+    backward_active = false;
+  }
+};
+
+// ---------------------------------------------------------------- hooks
+void unit_pre_forward(sharded_unit& unit) { unit.engine->pre_forward(unit); }
+void unit_watch_output(sharded_unit& unit, const at::Tensor& output) { unit.engine->watch(unit, output); }
+void unit_post_forward(sharded_unit& unit) { unit.engine->post_forward(unit); }
+
+namespace {
+
+// AccumulateGrad's post hook: one parameter's gradient is in the buffer.
+class gradient_ready_hook final : public torch::autograd::FunctionPostHook {
+ public:
+  explicit gradient_ready_hook(sharded_unit* unit) : unit_(unit) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    unit_->engine->gradient_ready(*unit_);
+    return outputs;
+  }
+
+ private:
+  sharded_unit* unit_;
+};
+
+struct module_entry {
+  std::string name;
+  std::shared_ptr<torch::nn::Module> module;
+  int parent_module = -1;  // index in the list
+  int unit = -1;           // the unit it starts, or -1
+};
+
+std::string parent_name(const std::string& name) {
+  const auto dot = name.rfind('.');
+  return dot == std::string::npos ? std::string() : name.substr(0, dot);
+}
+
+std::string shown_unit(const std::string& name) { return name.empty() ? std::string("<root>") : name; }
+
+}  // namespace
+
+// ------------------------------------------------------------------ setup
+fsdp_engine::fsdp_engine(torch::nn::Module& module, comm::process_group& world, const fsdp_options& options,
+                         int ranks_per_node)
+    : impl_(std::make_unique<impl>()) {
+  impl& self = *impl_;
+  self.options = options;
+  const int world_size = world.size();
+  const int rank = world.rank();
+
+  // The mesh: (replicate, shard).
+  int replicate = 1;
+  int shard = world_size;
+  switch (options.strategy) {
+    case sharding_strategy::full_shard:
+    case sharding_strategy::shard_grad_op: break;
+    case sharding_strategy::no_shard:
+      replicate = world_size;
+      shard = 1;
+      break;
+    case sharding_strategy::hybrid_shard:
+      if (options.device_mesh) {
+        replicate = options.device_mesh->first;
+        shard = options.device_mesh->second;
+      } else {
+        shard = std::max(1, ranks_per_node);
+        replicate = world_size / shard;
+      }
+      if (replicate < 1 || shard < 1 || replicate * shard != world_size) {
+        throw configuration_error("fsdp: HYBRID_SHARD's device_mesh (replicate=" + std::to_string(replicate) +
+                                  ", shard=" + std::to_string(shard) + ") must multiply to the world size " +
+                                  std::to_string(world_size) + " (Lightning's device_mesh=(replicate, shard))");
+      }
+      break;
+  }
+  if (options.device_mesh && options.strategy != sharding_strategy::hybrid_shard) {
+    throw configuration_error("fsdp: device_mesh applies to HYBRID_SHARD only; sharding_strategy is " +
+                              std::string(to_string(options.strategy)));
+  }
+  self.shard_size = shard;
+  self.replicate_size = replicate;
+  self.shard_rank = rank % shard;
+  self.global_rank = rank;
+  // Groups of the engine's own (collective over world, same order everywhere),
+  // so its traffic never interleaves with the user's collectives.
+  for (int r = 0; r < replicate; ++r) {
+    std::vector<int> ranks;
+    for (int s = 0; s < shard; ++s) ranks.push_back(r * shard + s);
+    comm::process_group group = shard > 1 ? world.new_group(ranks) : comm::process_group();
+    if (rank / shard == r) self.shard_group = std::move(group);
+  }
+  for (int s = 0; s < shard; ++s) {
+    std::vector<int> ranks;
+    for (int r = 0; r < replicate; ++r) ranks.push_back(r * shard + s);
+    comm::process_group group = replicate > 1 ? world.new_group(ranks) : comm::process_group();
+    if (rank % shard == s) self.replicate_group = std::move(group);
+  }
+
+  // Units: the root, every loom::unit<M>, and what auto_wrap_policy chooses.
+  std::vector<module_entry> modules;
+  std::map<std::string, int> index_of;
+  for (const auto& item : module.named_modules("", /*include_self=*/true)) {
+    module_entry entry{item.key(), item.value()};
+    if (!entry.name.empty()) entry.parent_module = index_of.at(parent_name(entry.name));
+    index_of[entry.name] = static_cast<int>(modules.size());
+    modules.push_back(std::move(entry));
+  }
+  // Parameters not yet in a unit below, bottom-up (for the size and predicate policies).
+  std::vector<int64_t> unwrapped(modules.size(), 0);
+  std::vector<bool> is_unit(modules.size(), false);
+  is_unit[0] = true;
+  const auto& policy = options.wrap_policy;
+  for (std::size_t i = modules.size(); i-- > 0;) {
+    for (const auto& p : modules[i].module->parameters(/*recurse=*/false)) unwrapped[i] += p.numel();
+    auto* marker = dynamic_cast<unit_marker*>(modules[i].module.get());
+    bool chosen = marker != nullptr;
+    if (i > 0 && !chosen && !policy.empty()) {
+      const torch::nn::Module& m = *modules[i].module;
+      chosen = policy.module_types.count(std::type_index(typeid(m))) > 0 ||
+               (policy.min_num_params > 0 && unwrapped[i] >= policy.min_num_params) ||
+               (policy.predicate && policy.predicate(m, modules[i].name, unwrapped[i]));
+    }
+    if (i > 0 && chosen) is_unit[i] = true;
+    if (i > 0 && !is_unit[i]) unwrapped[static_cast<std::size_t>(modules[i].parent_module)] += unwrapped[i];
+  }
+  auto innermost_unit_module = [&](int m) {
+    while (!is_unit[static_cast<std::size_t>(m)]) m = modules[static_cast<std::size_t>(m)].parent_module;
+    return m;
+  };
+  for (std::size_t i = 0; i < modules.size(); ++i) {
+    if (!is_unit[i]) continue;
+    auto unit = std::make_unique<sharded_unit>();
+    unit->engine = &self;
+    unit->name = modules[i].name;
+    unit->module = modules[i].module.get();
+    unit->marker = i == 0 ? nullptr : dynamic_cast<unit_marker*>(modules[i].module.get());
+    unit->index = static_cast<int>(self.units.size());
+    if (i > 0) unit->parent = modules[static_cast<std::size_t>(innermost_unit_module(modules[i].parent_module))].unit;
+    modules[i].unit = unit->index;
+    self.units.push_back(std::move(unit));
+  }
+
+  // Each parameter once, in the innermost unit that contains every module
+  // registering it (the root at worst).
+  struct owner {
+    at::Tensor param;
+    std::vector<std::string> names;
+    std::vector<int> units;
+  };
+  std::vector<owner> owners;
+  std::unordered_map<const void*, std::size_t> owner_of;
+  for (std::size_t i = 0; i < modules.size(); ++i) {
+    const int unit = modules[static_cast<std::size_t>(innermost_unit_module(static_cast<int>(i)))].unit;
+    for (const auto& item : modules[i].module->named_parameters(/*recurse=*/false)) {
+      const std::string name = modules[i].name.empty() ? item.key() : modules[i].name + "." + item.key();
+      const void* key = item.value().unsafeGetTensorImpl();
+      auto found = owner_of.find(key);
+      if (found == owner_of.end()) {
+        owner_of.emplace(key, owners.size());
+        owners.push_back(owner{item.value(), {name}, {unit}});
+      } else {
+        owners[found->second].names.push_back(name);
+        owners[found->second].units.push_back(unit);
+      }
+    }
+  }
+  auto ancestors = [&](int unit) {
+    std::vector<int> chain;
+    for (; unit >= 0; unit = self.units[static_cast<std::size_t>(unit)]->parent) chain.push_back(unit);
+    return chain;
+  };
+  std::vector<std::vector<const owner*>> members(self.units.size());
+  for (const auto& o : owners) {
+    int chosen = o.units.front();
+    for (int other : o.units) {
+      const auto chain = ancestors(other);
+      while (std::find(chain.begin(), chain.end(), chosen) == chain.end()) {
+        chosen = self.units[static_cast<std::size_t>(chosen)]->parent;
+      }
+    }
+    const bool spans_units =
+        std::any_of(o.units.begin(), o.units.end(), [&](int u) { return u != o.units.front(); });
+    if (spans_units && rank == 0) {
+      std::string list;
+      std::set<int> seen;
+      for (std::size_t k = 0; k < o.units.size(); ++k) {
+        if (!seen.insert(o.units[k]).second) continue;
+        list += (list.empty() ? "" : ", ") + shown_unit(self.units[static_cast<std::size_t>(o.units[k])]->name);
+      }
+      std::cerr << "loom fsdp: parameter '" << o.names.front() << "' (also '" << o.names.back()
+                << "') is used by the units " << list << "; it is flattened once, into "
+                << shown_unit(self.units[static_cast<std::size_t>(chosen)]->name)
+                << ", the innermost unit that contains them all\n";
+    }
+    members[static_cast<std::size_t>(chosen)].push_back(&o);
+  }
+
+  if (options.cpu_offload) {
+    for (const auto& p : module.parameters()) {
+      if (!p.device().is_cpu()) {
+        throw configuration_error("fsdp: cpu_offload (fsdp_cpu_offload) keeps the shards on the CPU between uses; "
+                                  "on " + p.device().str() + " that move is not built yet. On cpu it is the "
+                                  "identity: use accelerator cpu, or fsdp without offload");
+      }
+    }
+  }
+  // Flat buffers: gathered from rank 0's values (sync_module_states), each
+  // rank keeping its shard; the parameters re-pointed at their slices.
+  at::NoGradGuard no_grad;
+  for (auto& unit_pointer : self.units) {
+    sharded_unit& unit = *unit_pointer;
+    const auto& list = members[static_cast<std::size_t>(unit.index)];
+    for (const owner* o : list) {
+      unit_parameter p;
+      p.param = o->param;
+      p.names = o->names;
+      p.shape = o->param.sizes().vec();
+      p.numel = o->param.numel();
+      p.offset = unit.numel;
+      p.requires_grad = o->param.requires_grad();
+      unit.numel += p.numel;
+      if (!unit.params.empty() && (p.param.scalar_type() != unit.params.front().param.scalar_type() ||
+                                   p.param.device() != unit.params.front().param.device())) {
+        throw configuration_error("fsdp: unit " + shown_unit(unit.name) + " mixes parameters of dtype/device " +
+                                  std::string(c10::toString(unit.params.front().param.scalar_type())) + " and " +
+                                  std::string(c10::toString(p.param.scalar_type())) + " ('" + p.names.front() +
+                                  "'); a unit's flat buffer has one dtype: wrap them in separate units");
+      }
+      unit.params.push_back(std::move(p));
+    }
+    unit.padded = (unit.numel + shard - 1) / shard * shard;
+    unit.shard_numel = unit.padded / shard;
+    if (unit.params.empty()) {
+      unit.shard = at::empty({0});
+      unit.full = unit.grad_shard = unit.full_grad = unit.reduced = unit.shard;
+      continue;
+    }
+    const auto options_of = unit.params.front().param.options().requires_grad(false);
+    at::Tensor flat = at::zeros({unit.padded}, options_of);
+    for (auto& p : unit.params) flat.narrow(0, p.offset, p.numel).copy_(p.param.detach().reshape({-1}));
+    if (options.sync_module_states && world.valid()) world.broadcast(flat, 0);
+    if (shard > 1) {
+      unit.full = flat;
+      unit.shard = flat.narrow(0, self.shard_rank * unit.shard_numel, unit.shard_numel).clone();
+      unit.full_grad = at::zeros({unit.padded}, options_of);
+      unit.grad_shard = at::zeros({unit.shard_numel}, options_of);
+      unit.reduced = at::zeros({unit.shard_numel}, options_of);
+    } else {
+      unit.shard = unit.full = flat;
+      unit.grad_shard = unit.full_grad = at::zeros({unit.padded}, options_of);
+      unit.reduced = unit.grad_shard;
+    }
+    const int64_t shard_begin = self.shard_rank * unit.shard_numel;
+    const int64_t shard_end = shard_begin + unit.shard_numel;
+    for (auto& p : unit.params) {
+      p.full_view = alias(unit.full, p.offset, p.shape);
+      p.grad_view = alias(unit.full_grad, p.offset, p.shape);
+      if (shard > 1) {
+        const int64_t begin = std::clamp(p.offset, shard_begin, shard_end);
+        const int64_t end = std::clamp(p.offset + p.numel, shard_begin, shard_end);
+        p.local_offset = begin;
+        p.shard_view = unit.shard.narrow(0, begin - shard_begin, end - begin);
+        p.grad_shard_view = unit.grad_shard.narrow(0, begin - shard_begin, end - begin);
+      } else {
+        p.local_offset = p.offset;
+        p.shard_view = p.full_view;
+        p.grad_shard_view = p.grad_view;
+      }
+      // AccumulateGrad is made while the parameter is full-sized (autograd
+      // checks incoming gradients against its shape) and kept alive here.
+      p.param.set_data(p.full_view);
+      p.param.mutable_grad().reset();
+      if (p.requires_grad) {
+        p.accumulator = torch::autograd::impl::grad_accumulator(p.param);
+        p.hook_key = p.accumulator->add_post_hook(std::make_unique<gradient_ready_hook>(&unit));
+        ++unit.grads_expected;
+      }
+      p.param.set_data(p.shard_view);
+    }
+    if (shard > 1) {
+      free_storage(unit.full);
+      free_storage(unit.full_grad);
+    } else {
+      unit.gathered = true;
+    }
+    if (unit.marker != nullptr) unit.marker->attach(&unit);
+  }
+  // Buffers (batch-norm statistics) stay replicated: rank 0's everywhere.
+  if (options.sync_module_states && world.valid()) {
+    for (auto& buffer : module.buffers()) {
+      at::Tensor b = buffer;
+      world.broadcast(b, 0);
+    }
+  }
+}
+
+fsdp_engine::~fsdp_engine() {
+  if (!impl_) return;
+  for (auto& unit : impl_->units) {
+    if (unit->marker != nullptr) unit->marker->attach(nullptr);
+    for (auto& p : unit->params) {
+      if (p.accumulator) p.accumulator->del_post_hook(p.hook_key);
+    }
+  }
+}
+
+void fsdp_engine::root_pre_forward() { impl_->root_pre_forward(); }
+void fsdp_engine::root_watch_output(const at::Tensor& output) { impl_->watch(*impl_->units[0], output); }
+void fsdp_engine::root_post_forward() { impl_->root_post_forward(); }
+bool fsdp_engine::sync_enabled() const noexcept { return impl_->sync; }
+void fsdp_engine::set_sync_enabled(bool enabled) noexcept { impl_->sync = enabled; }
+const fsdp_counters& fsdp_engine::counters() const noexcept { return impl_->counters; }
+int fsdp_engine::shard_size() const noexcept { return impl_->shard_size; }
+int fsdp_engine::replicate_size() const noexcept { return impl_->replicate_size; }
+
+void fsdp_engine::zero_grad() {
+  for (auto& unit : impl_->units) {
+    for (auto& p : unit->params) p.param.mutable_grad().reset();
+  }
+}
+
+std::optional<double> fsdp_engine::clip_gradients(const clip_options& options) {
+  impl& self = *impl_;
+  std::vector<at::Tensor> grads;
+  for (auto& unit : self.units) {
+    if (unit->params.empty()) continue;
+    bool any = false;
+    for (auto& p : unit->params) any = any || p.param.grad().defined();
+    if (any) grads.push_back(unit->grad_shard);
+  }
+  if (options.clip_val) {
+    const double limit = *options.clip_val;
+    for (auto& g : grads) g.clamp_(-limit, limit);
+    return std::nullopt;
+  }
+  const double norm_type = options.norm_type;
+  at::Tensor total = at::zeros({1}, at::kDouble);
+  for (auto& g : grads) {
+    const at::Tensor local = g.to(at::kDouble);
+    if (std::isinf(norm_type)) total = at::maximum(total, local.abs().max().reshape({1}));
+    else total += local.abs().pow(norm_type).sum();
+  }
+  if (self.shard_group.valid()) self.shard_group.all_reduce(total, std::isinf(norm_type) ? reduce_op::max : reduce_op::sum);
+  double norm = total.item<double>();
+  if (!std::isinf(norm_type)) norm = std::pow(norm, 1.0 / norm_type);
+  if (options.error_if_nonfinite && !std::isfinite(norm)) {
+    throw std::runtime_error("clip_gradients: the total norm of order " + std::to_string(norm_type) +
+                             " of the gradients is non-finite (" + std::to_string(norm) +
+                             "), so they cannot be clipped; pass error_if_nonfinite=false to clip anyway");
+  }
+  const double coefficient = *options.max_norm / (norm + 1e-6);
+  if (coefficient < 1.0) {
+    for (auto& g : grads) g.mul_(coefficient);
+  }
+  return norm;
+}
+
+void fsdp_engine::gather_full_parameters(int root,
+                                         const std::function<void(const std::string&, const at::Tensor&)>& visit) {
+  impl& self = *impl_;
+  for (auto& unit : self.units) {
+    if (unit->params.empty()) continue;
+    const bool was_gathered = unit->gathered;
+    self.ensure_gathered(*unit);
+    for (auto& p : unit->params) {
+      if (root < 0 || root == self.global_rank) {
+        for (const auto& name : p.names) visit(name, p.full_view);
+      }
+    }
+    if (!was_gathered) self.release(*unit);
+  }
+}
+
+void fsdp_engine::with_full_state(std::vector<torch::optim::Optimizer*> optimizers, const std::function<void()>& body,
+                                  bool write_back, int root) {
+  impl& self = *impl_;
+  at::NoGradGuard no_grad;
+  // Ranks other than root take part in the gathers, one unit at a time, and keep nothing.
+  const bool keeps = root < 0 || root == self.global_rank;
+  // Per parameter: its full tensor (a copy), and per optimizer state field.
+  std::unordered_map<const void*, at::Tensor> full_of;
+  for (auto& unit : self.units) {
+    if (unit->params.empty()) continue;
+    const bool was_gathered = unit->gathered;
+    self.ensure_gathered(*unit);
+    if (keeps) {
+      for (auto& p : unit->params) full_of[p.param.unsafeGetTensorImpl()] = p.full_view.clone();
+    }
+    if (!was_gathered) self.release(*unit);
+  }
+  // Optimizer state of sharded parameters: each field gathered unit by unit
+  // through the same flat layout as the parameters.
+  struct state_slot {
+    at::Tensor* value;
+    unit_parameter* param;
+    sharded_unit* unit;
+  };
+  std::map<std::pair<int, std::string>, std::vector<state_slot>> fields;
+  std::unordered_map<const void*, std::pair<sharded_unit*, unit_parameter*>> where;
+  for (auto& unit : self.units) {
+    for (auto& p : unit->params) where[p.param.unsafeGetTensorImpl()] = {unit.get(), &p};
+  }
+  if (self.sharded()) {
+    for (torch::optim::Optimizer* optimizer : optimizers) {
+      const bool known = for_each_state_tensor(
+          *optimizer, [&](const at::Tensor& param, std::string_view field, at::Tensor& value) {
+            auto found = where.find(param.unsafeGetTensorImpl());
+            if (found == where.end() || !value.defined()) return;
+            if (value.numel() != found->second.second->shard_view.numel()) return;  // a scalar or already full
+            fields[{found->second.first->index, std::string(field)}].push_back(
+                {&value, found->second.second, found->second.first});
+          });
+      if (!known && !optimizer->state().empty()) {
+        throw configuration_error(
+            "fsdp: a full checkpoint of this optimizer's state needs its layout (SGD, Adam, AdamW, RMSprop and "
+            "Adagrad are known); save with state_dict_type=\"sharded\" or use one of those");
+      }
+    }
+  }
+  std::vector<std::pair<state_slot, at::Tensor>> state_full;
+  for (auto& [key, slots] : fields) {
+    sharded_unit& unit = *self.units[static_cast<std::size_t>(key.first)];
+    at::Tensor flat_shard = at::zeros({unit.shard_numel}, unit.shard.options());
+    const int64_t shard_begin = self.shard_rank * unit.shard_numel;
+    for (auto& slot : slots) {
+      if (slot.value->numel() == 0) continue;
+      flat_shard.narrow(0, slot.param->local_offset - shard_begin, slot.value->numel()).copy_(slot.value->reshape({-1}));
+    }
+    at::Tensor flat_full = at::empty({unit.padded}, unit.shard.options());
+    self.shard_group.all_gather_into(flat_full, flat_shard).wait();
+    if (!keeps) continue;
+    for (auto& slot : slots) {
+      state_full.emplace_back(slot, flat_full.narrow(0, slot.param->offset, slot.param->numel).view(slot.param->shape).clone());
+    }
+  }
+  if (!keeps) {
+    body();
+    return;
+  }
+  // Swap in, run, swap back (slicing what body wrote).
+  std::vector<std::pair<at::Tensor*, at::Tensor>> saved_state;
+  for (auto& [slot, full] : state_full) {
+    saved_state.emplace_back(slot.value, *slot.value);
+    *slot.value = full;
+  }
+  for (auto& unit : self.units) {
+    for (auto& p : unit->params) p.param.set_data(full_of.at(p.param.unsafeGetTensorImpl()));
+  }
+  auto restore = [&](bool keep) {
+    for (auto& unit : self.units) {
+      for (auto& p : unit->params) {
+        if (keep) {
+          if (self.sharded()) {
+            const at::Tensor full = p.param.detach().reshape({-1});
+            if (p.shard_view.numel() > 0) {
+              p.shard_view.copy_(full.narrow(0, p.local_offset - p.offset, p.shard_view.numel()));
+            }
+          } else {
+            p.shard_view.copy_(p.param.detach());
+          }
+        }
+        p.param.set_data(p.shard_view);
+      }
+      unit->views_full = false;
+    }
+    if (!keep) {
+      for (auto& [value, original] : saved_state) *value = original;
+      return;
+    }
+    // body may have replaced the optimizers' state objects (a load does):
+    // every full-sized field of a sharded parameter is sliced to its shard.
+    if (!self.sharded()) return;
+    for (torch::optim::Optimizer* optimizer : optimizers) {
+      for_each_state_tensor(*optimizer, [&](const at::Tensor& param, std::string_view, at::Tensor& value) {
+        auto found = where.find(param.unsafeGetTensorImpl());
+        if (found == where.end() || !value.defined()) return;
+        const unit_parameter& p = *found->second.second;
+        if (value.numel() != p.numel || p.numel == p.shard_view.numel()) return;
+        value = p.shard_view.numel() == 0
+                    ? at::empty({0}, value.options())
+                    : value.reshape({-1}).narrow(0, p.local_offset - p.offset, p.shard_view.numel()).clone();
+      });
+    }
+  };
+  try {
+    body();
+  } catch (...) {
+    restore(false);
+    throw;
+  }
+  restore(write_back);
+}
+
+std::optional<shard_range> fsdp_engine::shard_of(const at::Tensor& parameter) const {
+  if (!impl_->sharded()) return std::nullopt;
+  for (const auto& unit : impl_->units) {
+    for (const auto& p : unit->params) {
+      if (!p.param.is_same(parameter)) continue;
+      return shard_range{p.local_offset - p.offset, p.local_offset - p.offset + p.shard_view.numel(), p.shape};
+    }
+  }
+  return std::nullopt;
+}
+
+bool fsdp_engine::knows_state_layout(torch::optim::Optimizer& optimizer) {
+  return for_each_state_tensor(optimizer, [](const at::Tensor&, std::string_view, at::Tensor&) {});
+}
+
+std::vector<unit_summary> fsdp_engine::units() const {
+  std::vector<unit_summary> out;
+  for (const auto& unit : impl_->units) out.push_back({unit->name, unit->numel, unit->padded, unit->shard_numel});
+  return out;
+}
+
+std::int64_t fsdp_engine::parameter_shard_bytes() const {
+  std::int64_t total = 0;
+  for (const auto& unit : impl_->units) total += static_cast<std::int64_t>(unit->shard.storage().nbytes());
+  return total;
+}
+
+std::int64_t fsdp_engine::held_bytes() const {
+  std::set<const void*> seen;
+  std::int64_t total = 0;
+  auto count = [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    const void* key = t.storage().unsafeGetStorageImpl();
+    if (seen.insert(key).second) total += static_cast<std::int64_t>(t.storage().nbytes());
+  };
+  for (const auto& unit : impl_->units) {
+    count(unit->shard);
+    count(unit->grad_shard);
+    count(unit->reduced);
+    count(unit->full);
+    count(unit->full_grad);
+  }
+  return total;
+}
+
+}  // namespace loom::detail

@@ -1,0 +1,20 @@
+// FSDP's compile-time refusals (fsdp.expect): a precision a sharded strategy
+// cannot honour, no_backward_sync where the configuration cannot skip, and a
+// unit holder around something that is not a module.
+#include <loom/loom.hpp>
+
+#include <torch/nn/modules/linear.h>
+
+void case_fsdp_fp64() { loom::Fabric<loom::cpu, loom::fsdp, loom::fp64> fabric; }
+
+void case_fsdp_cpu_offload_no_backward_sync() {
+  loom::Fabric<loom::cpu, loom::fsdp_cpu_offload> fabric;
+  torch::nn::Linear net(2, 2);
+  auto model = fabric.setup(net);
+  auto guard = fabric.no_backward_sync(model);
+}
+
+struct not_a_module {
+  at::Tensor forward(const at::Tensor& x) { return x; }
+};
+void case_unit_of_non_module() { loom::unit<not_a_module> holder{nullptr}; }

@@ -1,0 +1,69 @@
+#!/bin/sh
+# FSDP on real processes: the shared laws (strategy_laws.hpp) for FULL_SHARD,
+# SHARD_GRAD_OP and NO_SHARD on 2 and 4 ranks and HYBRID_SHARD as 2 nodes x 2
+# ranks on loopback; FULL_SHARD with prefetch off, with auto_wrap_policy and
+# with the optimizer built after setup; accumulation under no_backward_sync
+# without reduce-scatters; a tied embedding; full checkpoints.
+. "$(dirname "$0")/common.sh"
+FSDP_WORKER=$(realpath "$3")
+export LOOM_TEST_DIR="$WORK"
+
+timeout 200 "$FSDP_WORKER" laws 2 "$MARK" > "$WORK/laws" 2>&1 || { fail "laws on 2 ranks exited $?"; cat "$WORK/laws"; }
+expect_contains "$WORK/laws" "fsdp laws (laws): world_size=2 all checks passed" "FSDP laws on 2 ranks (fabric.launch())"
+sed -n 's/^law/  law/p' "$WORK/laws"
+
+# Sharded checkpoints across world sizes: the 2-rank job's sharded save
+# loads on 4 ranks and on single_device; consolidate equals its full save.
+timeout 120 "$LOOM_RUN" --strategy fsdp --devices 4 "$FSDP_WORKER" reshard 4 "$MARK" > "$WORK/reshard" 2>&1 ||
+  { fail "reshard on 4 ranks exited $?"; cat "$WORK/reshard"; }
+expect_contains "$WORK/reshard" "fsdp laws (reshard): world_size=4 all checks passed" \
+  "a sharded checkpoint from 2 ranks loads on 4 and on single_device"
+sed -n 's/^law/  law/p' "$WORK/reshard"
+"$LOOM_RUN" consolidate "$WORK/sharded_2" "$WORK/consolidated.pt" > "$WORK/consolidate" 2>&1 ||
+  { fail "loom-run consolidate exited $?"; cat "$WORK/consolidate"; }
+expect_contains "$WORK/consolidate" "loom-consolidate: wrote" "loom-run consolidate wrote one file"
+/usr/bin/python3 "$(dirname "$0")/compare_checkpoints.py" "$WORK/consolidated.pt" "$WORK/sharded_2.full" \
+  > "$WORK/compare" 2>&1 || { fail "consolidated differs from the full save"; cat "$WORK/compare"; }
+expect_contains "$WORK/compare" "entries equal" "consolidate equals the full save tensor for tensor (Python's torch.load)"
+
+# kill -9 of a rank while it saves sharded checkpoints in a loop: what the
+# path holds afterwards is a complete checkpoint (the old or the new one).
+interrupted=0
+for trial in $(seq 1 "${LOOM_KILL_TRIALS:-3}"); do
+  rm -rf "$WORK/killed" "$WORK"/killed.tmp-*
+  "$LOOM_RUN" --strategy fsdp --devices 2 "$FSDP_WORKER" save_forever 2 "$MARK" > "$WORK/save_$trial" 2>&1 &
+  launcher=$!
+  for i in $(seq 1 100); do
+    [ -d "$WORK/killed" ] && [ "$(grep -c saving "$WORK/save_$trial")" -eq 2 ] && break
+    sleep 0.05
+  done
+  sleep "0.$(( (trial * 37) % 10 ))"
+  victim=$(sed -n 's/^rank 1 pid \([0-9]*\) saving/\1/p' "$WORK/save_$trial")
+  kill -9 "$victim"
+  wait $launcher
+  # A staging directory left behind means the kill landed inside a save.
+  ls -d "$WORK"/killed.tmp-* > /dev/null 2>&1 && interrupted=$((interrupted + 1))
+  "$FSDP_WORKER" load_check "$WORK/killed" "$MARK" > "$WORK/check_$trial" 2>&1 ||
+    { fail "trial $trial: the checkpoint left after kill -9 does not load"; cat "$WORK/check_$trial"; }
+done
+expect_contains "$WORK/check_${LOOM_KILL_TRIALS:-3}" "loads (step" \
+  "kill -9 during sharded saves (${LOOM_KILL_TRIALS:-3} trials, $interrupted inside a save): the checkpoint at the path loads every time"
+cat "$WORK/compare"
+
+timeout 200 "$LOOM_RUN" --strategy fsdp --devices 4 "$FSDP_WORKER" laws_short 4 "$MARK" > "$WORK/laws_4" 2>&1 ||
+  { fail "laws on 4 ranks exited $?"; cat "$WORK/laws_4"; }
+expect_contains "$WORK/laws_4" "fsdp laws (laws_short): world_size=4 all checks passed" "FSDP laws on 4 ranks (loom-run)"
+sed -n 's/^law/  law/p' "$WORK/laws_4"
+
+# HYBRID_SHARD: two simulated nodes of two ranks each, one loom-run per node.
+port=$(free_port)
+for node in 0 1; do
+  timeout 200 "$LOOM_RUN" --strategy fsdp --num-nodes 2 --node-rank $node --devices 2 \
+    --main-address 127.0.0.1 --main-port "$port" "$FSDP_WORKER" hybrid 2 "$MARK" > "$WORK/hybrid_$node" 2>&1 &
+done
+wait
+expect_contains "$WORK/hybrid_0" "fsdp laws (hybrid): world_size=4 all checks passed" \
+  "HYBRID_SHARD on 2 nodes x 2 ranks (loom-run --num-nodes 2)"
+sed -n 's/^law/  law/p' "$WORK/hybrid_0"
+expect_no_leftovers "fsdp"
+exit $failed

@@ -1,0 +1,437 @@
+// FSDP's laws on real processes (tests/dist/fsdp.sh): the shared laws of
+// strategy_laws.hpp for each sharding strategy, plus what is FSDP's own
+// (accumulation without reduce-scatters, a tied parameter, full checkpoints
+// to and from single_device). `fsdp_worker laws N` starts N ranks itself;
+// `fsdp_worker hybrid` runs under loom-run --num-nodes 2.
+#include "strategy_laws.hpp"
+
+#include <torch/nn/modules/embedding.h>
+#include <torch/optim/sgd.h>
+#include <torch/serialize.h>
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+
+namespace {
+
+using laws::global_batch;
+using laws::global_inputs;
+using laws::global_targets;
+
+// Two blocks declared as units, a plain head in the root unit.
+struct NetImpl : torch::nn::Module {
+  NetImpl()
+      : fc1(register_module("fc1", loom::unit<torch::nn::Linear>(16, 32))),
+        fc2(register_module("fc2", loom::unit<torch::nn::Linear>(32, 32))),
+        fc3(register_module("fc3", torch::nn::Linear(32, 4))) {}
+  at::Tensor forward(const at::Tensor& x) { return fc3(torch::relu(fc2(torch::relu(fc1(x))))); }
+  loom::unit<torch::nn::Linear> fc1, fc2;
+  torch::nn::Linear fc3;
+};
+TORCH_MODULE(Net);
+
+// Only plain modules: units come from auto_wrap_policy.
+struct PlainNetImpl : torch::nn::Module {
+  PlainNetImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(16, 32))),
+        fc2(register_module("fc2", torch::nn::Linear(32, 32))),
+        fc3(register_module("fc3", torch::nn::Linear(32, 4))) {}
+  at::Tensor forward(const at::Tensor& x) { return fc3(torch::relu(fc2(torch::relu(fc1(x))))); }
+  torch::nn::Linear fc1, fc2, fc3;
+};
+TORCH_MODULE(PlainNet);
+
+Net make_net() {
+  at::manual_seed(42);
+  return Net();
+}
+PlainNet make_plain() {
+  at::manual_seed(42);
+  return PlainNet();
+}
+
+using fsdp_fabric = loom::Fabric<loom::cpu, loom::fsdp, loom::fp32>;
+
+void law_strategies(const std::vector<loom::sharding_strategy>& strategies) {
+  for (auto strategy : strategies) {
+    fsdp_fabric fabric({}, loom::fsdp(loom::fsdp_options{.strategy = strategy}));
+    laws::law_equivalence(fabric, make_net, std::string(loom::to_string(strategy)).c_str());
+  }
+}
+
+void law_variants() {
+  {
+    fsdp_fabric fabric({}, loom::fsdp(loom::fsdp_options{.forward_prefetch = false, .backward_prefetch = false}));
+    laws::law_equivalence(fabric, make_net, "FULL_SHARD, prefetch off");
+  }
+  {
+    fsdp_fabric fabric({}, loom::fsdp());
+    laws::law_equivalence(fabric, make_net, "FULL_SHARD, optimizer built after setup", 20,
+                          /*build_optimizer_after_setup=*/true);
+  }
+  {
+    fsdp_fabric fabric({}, loom::fsdp(loom::fsdp_options{
+                               .wrap_policy = loom::auto_wrap_policy::types<torch::nn::LinearImpl>()}));
+    laws::law_equivalence(fabric, make_plain, "FULL_SHARD, auto_wrap_policy {Linear}");
+    // Every Linear became a unit of its own (the root keeps nothing).
+  }
+}
+
+// Under no_backward_sync over 4 micro-batches, the 3 skipped backward passes
+// issue no reduce-scatter; the synced one issues one per unit; the result
+// equals the full batch.
+void law_accumulation() {
+  fsdp_fabric fabric({}, loom::fsdp());
+  const int r = fabric.global_rank();
+  const int w = fabric.world_size();
+  auto net = make_net();
+  auto reference = make_net();
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
+  torch::optim::Adam reference_adam(reference->parameters(), torch::optim::AdamOptions(1e-2));
+  auto [model, optimizer] = fabric.setup(net, adam);
+  auto& engine = *model.session().state();
+  int units_with_parameters = 0;
+  for (const auto& unit : engine.units()) units_with_parameters += unit.numel > 0 ? 1 : 0;
+
+  constexpr int accumulation = 4;
+  const int64_t micro = global_batch / w / accumulation;
+  std::uint64_t skipped_reductions = 0;
+  std::uint64_t synced_reductions = 0;
+  for (int step = 0; step < 4; ++step) {
+    const auto x = global_inputs(50 + step);
+    const auto y = global_targets(50 + step);
+    optimizer.zero_grad();
+    for (int m = 0; m < accumulation; ++m) {
+      const int64_t first = (r * accumulation + m) * micro;
+      const auto before = engine.counters().reduce_scatters;
+      auto run = [&] {
+        auto loss = torch::nn::functional::cross_entropy(model(x.narrow(0, first, micro)), y.narrow(0, first, micro));
+        fabric.backward(loss / accumulation);
+      };
+      if (m + 1 < accumulation) {
+        auto guard = fabric.no_backward_sync(model);
+        run();
+        skipped_reductions += engine.counters().reduce_scatters - before;
+      } else {
+        run();
+        synced_reductions = engine.counters().reduce_scatters - before;
+      }
+    }
+    optimizer.step();
+    reference_adam.zero_grad();
+    torch::nn::functional::cross_entropy(reference->forward(x), y).backward();
+    reference_adam.step();
+  }
+  LAW_EXPECT(skipped_reductions == 0, "%llu reduce-scatters were issued under no_backward_sync",
+             static_cast<unsigned long long>(skipped_reductions));
+  LAW_EXPECT(static_cast<int>(synced_reductions) == units_with_parameters,
+             "the synced backward issued %llu reduce-scatters for %d units",
+             static_cast<unsigned long long>(synced_reductions), units_with_parameters);
+  const auto mine = laws::flat(laws::full_parameters(model, net));
+  const double max_difference = (mine - laws::flat_of(reference)).abs().max().item<double>();
+  LAW_EXPECT(torch::allclose(mine, laws::flat_of(reference), 1e-4, 2e-5),
+             "accumulated FSDP differs from the full batch by %.3g", max_difference);
+  if (r == 0) {
+    std::printf("law (accumulation): 0 reduce-scatters in %d skipped backward passes x 4 steps (counted %llu); "
+                "%llu in the synced one for %d units; max |accumulated - full batch| = %.3g\n",
+                accumulation - 1, static_cast<unsigned long long>(skipped_reductions),
+                static_cast<unsigned long long>(synced_reductions), units_with_parameters, max_difference);
+    std::fflush(stdout);
+  }
+}
+
+// An embedding tied to the output layer, each in a unit of its own: the
+// weight is flattened once, into the root, with a warning; gradients equal
+// single device.
+struct TiedHeadImpl : torch::nn::Module {
+  explicit TiedHeadImpl(const at::Tensor& tied) : weight(register_parameter("weight", tied)) {}
+  at::Tensor forward(const at::Tensor& x) { return x.matmul(weight.t()); }
+  at::Tensor weight;
+};
+struct TiedImpl : torch::nn::Module {
+  TiedImpl()
+      : embed(register_module("embed", loom::unit<torch::nn::Embedding>(12, 8))),
+        body(register_module("body", loom::unit<torch::nn::Linear>(8, 8))),
+        head(register_module("head", loom::unit<TiedHeadImpl>(embed->weight))) {}
+  at::Tensor forward(const at::Tensor& tokens) { return head(torch::tanh(body(embed(tokens)))); }
+  loom::unit<torch::nn::Embedding> embed;
+  loom::unit<torch::nn::Linear> body;
+  loom::unit<TiedHeadImpl> head;
+};
+TORCH_MODULE(Tied);
+
+void law_tied() {
+  fsdp_fabric fabric({}, loom::fsdp());
+  const int r = fabric.global_rank();
+  const int w = fabric.world_size();
+  auto make = [] {
+    at::manual_seed(5);
+    return Tied();
+  };
+  auto net = make();
+  auto reference = make();
+  LAW_EXPECT(net->head->weight.is_same(net->embed->weight), "the model ties head.weight to embed.weight");
+  torch::optim::SGD sgd(net->parameters(), 0.5);
+  torch::optim::SGD reference_sgd(reference->parameters(), 0.5);
+  auto [model, optimizer] = fabric.setup(net, sgd);
+  const auto units = model.session().state()->units();
+  LAW_EXPECT(units.front().numel >= 12 * 8, "the tied weight went into the root unit (root has %ld elements)",
+             units.front().numel);
+  for (int step = 0; step < 5; ++step) {
+    auto generator = at::detail::createCPUGenerator(300 + step);
+    const auto tokens = at::randint(0, 12, {16}, generator);
+    const int64_t local = 16 / w;
+    optimizer.zero_grad();
+    auto out = model(tokens.narrow(0, r * local, local));
+    fabric.backward(torch::nn::functional::cross_entropy(out, tokens.narrow(0, r * local, local)));
+    optimizer.step();
+    reference_sgd.zero_grad();
+    torch::nn::functional::cross_entropy(reference->forward(tokens), tokens).backward();
+    reference_sgd.step();
+  }
+  const auto mine = laws::flat(laws::full_parameters(model, net));
+  const double max_difference = (mine - laws::flat_of(reference)).abs().max().item<double>();
+  LAW_EXPECT(torch::allclose(mine, laws::flat_of(reference), 1e-4, 1e-5),
+             "tied weights: FSDP differs from single device by %.3g", max_difference);
+  if (r == 0) {
+    std::printf("law (tied): embed.weight = head.weight flattened into the root; max |fsdp - single| after 5 SGD "
+                "steps = %.3g\n", max_difference);
+    std::fflush(stdout);
+  }
+}
+
+// A full checkpoint: written by rank 0, loads into single_device; loads back
+// into FSDP and training goes on exactly as without saving.
+void law_full_checkpoint() {
+  fsdp_fabric fabric({}, loom::fsdp(loom::fsdp_options{.state_dict = loom::state_dict_type::full}));
+  const int r = fabric.global_rank();
+  const int w = fabric.world_size();
+  const char* dir = std::getenv("LOOM_TEST_DIR");
+  const std::string path = std::string(dir ? dir : "/tmp") + "/fsdp_full_" + std::to_string(w) + ".ckpt";
+  auto net = make_net();
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
+  auto [model, optimizer] = fabric.setup(net, adam);
+  const int64_t local = global_batch / w;
+  auto train = [&](int from, int to) {
+    for (int step = from; step < to; ++step) {
+      optimizer.zero_grad();
+      fabric.backward(torch::nn::functional::cross_entropy(model(global_inputs(step).narrow(0, r * local, local)),
+                                                           global_targets(step).narrow(0, r * local, local)));
+      optimizer.step();
+    }
+  };
+  train(0, 3);
+  fabric.save(path, {{"model", model}, {"optimizer", optimizer}, {"step", 3}});
+  const auto saved = laws::flat(laws::full_parameters(model, net));
+  train(3, 6);
+  const auto continued = laws::flat(laws::full_parameters(model, net));
+
+  if (r == 0) {
+    const char* cli = std::getenv("LT_CLI_USED");
+    const std::string kept = cli ? cli : "";
+    ::unsetenv("LT_CLI_USED");
+    loom::Fabric<loom::cpu, loom::single_device> single;
+    if (!kept.empty()) ::setenv("LT_CLI_USED", kept.c_str(), 1);
+    at::manual_seed(7);
+    Net fresh;
+    torch::optim::Adam fresh_adam(fresh->parameters(), torch::optim::AdamOptions(1e-2));
+    auto [fresh_model, fresh_optimizer] = single.setup(fresh, fresh_adam);
+    single.load(path, {{"model", fresh_model}, {"optimizer", fresh_optimizer}});
+    LAW_EXPECT(torch::equal(laws::flat_of(fresh), saved), "a full FSDP checkpoint loads into single_device");
+  }
+  fabric.barrier();
+  // Back into FSDP: the same 3 steps again give the same parameters, bit for bit.
+  fabric.load(path, {{"model", model}, {"optimizer", optimizer}});
+  LAW_EXPECT(torch::equal(laws::flat(laws::full_parameters(model, net)), saved), "the full checkpoint loads back");
+  train(3, 6);
+  const auto again = laws::flat(laws::full_parameters(model, net));
+  LAW_EXPECT(torch::equal(again, continued), "training after load differs from training on by %.3g",
+             (again - continued).abs().max().item<double>());
+  if (r == 0) {
+    std::printf("law (full checkpoint): rank 0 wrote one file; single_device loads it; FSDP on %d ranks loads it and "
+                "continues bit for bit\n", w);
+    std::fflush(stdout);
+  }
+}
+
+std::string test_dir() {
+  const char* dir = std::getenv("LOOM_TEST_DIR");
+  return dir ? dir : "/tmp";
+}
+
+// Trains `steps` Adam steps (rows of rank r of world w) through a set-up model.
+template <class F, class M, class O>
+void train_steps(F& fabric, M& model, O& optimizer, int from, int to) {
+  const int r = fabric.global_rank();
+  const int64_t local = global_batch / fabric.world_size();
+  for (int step = from; step < to; ++step) {
+    optimizer.zero_grad();
+    fabric.backward(torch::nn::functional::cross_entropy(model(global_inputs(step).narrow(0, r * local, local)),
+                                                         global_targets(step).narrow(0, r * local, local)));
+    optimizer.step();
+  }
+}
+
+// A sharded checkpoint (the default): save then load on the same ranks goes
+// on bit for bit; the same state is then written sharded and full for the
+// resharding and consolidation checks (fsdp.sh), with the gathered
+// parameters as the expected values.
+void law_sharded_checkpoint() {
+  fsdp_fabric fabric({}, loom::fsdp());
+  const int r = fabric.global_rank();
+  const int w = fabric.world_size();
+  const std::string path = test_dir() + "/sharded_" + std::to_string(w);
+  auto net = make_net();
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
+  auto [model, optimizer] = fabric.setup(net, adam);
+  train_steps(fabric, model, optimizer, 0, 3);
+  fabric.save(path, {{"model", model}, {"optimizer", optimizer}, {"step", 3}});
+  const auto saved = laws::flat(laws::full_parameters(model, net));
+  train_steps(fabric, model, optimizer, 3, 6);
+  const auto continued = laws::flat(laws::full_parameters(model, net));
+  LAW_EXPECT(loom::is_sharded_checkpoint(path), "the default save wrote a sharded directory");
+  fabric.load(path, {{"model", model}, {"optimizer", optimizer}});
+  LAW_EXPECT(torch::equal(laws::flat(laws::full_parameters(model, net)), saved), "the sharded checkpoint loads back");
+  train_steps(fabric, model, optimizer, 3, 6);
+  const auto again = laws::flat(laws::full_parameters(model, net));
+  LAW_EXPECT(torch::equal(again, continued), "training after a sharded load differs by %.3g",
+             (again - continued).abs().max().item<double>());
+  // Saving over an existing sharded checkpoint replaces it (RENAME_EXCHANGE).
+  fabric.save(path, {{"model", model}, {"optimizer", optimizer}, {"step", 6}});
+  fabric.strategy().set_state_dict_type(loom::state_dict_type::full);
+  fabric.save(path + ".full", {{"model", model}, {"optimizer", optimizer}, {"step", 6}});
+  const auto expected = laws::full_parameters(model, net);  // a collective: every rank
+  if (r == 0) {
+    torch::save(expected, path + ".expected");
+    std::printf("law (sharded checkpoint): %d rank files + meta.pt; loads back on %d ranks and continues bit for "
+                "bit; saved again over itself\n", w, w);
+    std::fflush(stdout);
+  }
+  fabric.barrier();
+}
+
+// Loads a sharded checkpoint written on another number of ranks (fsdp.sh:
+// from 2 onto 4 here, and onto 1 with single_device): the parameters equal
+// the gathered ones the writer recorded, bit for bit, and training goes on.
+void law_reshard(const std::string& from) {
+  std::vector<at::Tensor> expected;
+  torch::load(expected, from + ".expected");
+  auto compare = [&](const std::vector<at::Tensor>& got, const char* where) {
+    bool same = got.size() == expected.size();
+    for (std::size_t k = 0; same && k < got.size(); ++k) same = torch::equal(got[k], expected[k]);
+    LAW_EXPECT(same, "%s: the resharded parameters differ from the ones saved", where);
+  };
+  fsdp_fabric fabric({}, loom::fsdp());
+  auto net = make_net();
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
+  auto [model, optimizer] = fabric.setup(net, adam);
+  auto rest = fabric.load(from, {{"model", model}, {"optimizer", optimizer}});
+  compare(laws::full_parameters(model, net), "fsdp");
+  LAW_EXPECT(rest.get<int>("step") == 6, "the step entry came back as %d", rest.get<int>("step"));
+  train_steps(fabric, model, optimizer, 6, 8);  // the loaded optimizer state has the shards' shapes
+  if (fabric.global_rank() == 0) {
+    const char* cli = std::getenv("LT_CLI_USED");
+    const std::string kept = cli ? cli : "";
+    ::unsetenv("LT_CLI_USED");
+    loom::Fabric<loom::cpu, loom::single_device> single;
+    if (!kept.empty()) ::setenv("LT_CLI_USED", kept.c_str(), 1);
+    auto fresh = make_net();
+    torch::optim::Adam fresh_adam(fresh->parameters(), torch::optim::AdamOptions(1e-2));
+    auto [fresh_model, fresh_optimizer] = single.setup(fresh, fresh_adam);
+    single.load(from, {{"model", fresh_model}, {"optimizer", fresh_optimizer}});
+    std::vector<at::Tensor> got;
+    for (const auto& p : fresh->parameters()) got.push_back(p.detach());
+    compare(got, "single_device");
+    std::printf("law (reshard): the sharded checkpoint %s loads on %d ranks and on single_device, bit for bit\n",
+                from.c_str(), fabric.world_size());
+    std::fflush(stdout);
+  }
+}
+
+// Saves a sharded checkpoint at every step until killed (the kill test).
+void save_forever() {
+  fsdp_fabric fabric({}, loom::fsdp());
+  const std::string path = test_dir() + "/killed";
+  auto net = make_net();
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
+  auto [model, optimizer] = fabric.setup(net, adam);
+  std::printf("rank %d pid %d saving\n", fabric.global_rank(), static_cast<int>(::getpid()));
+  std::fflush(stdout);
+  for (int step = 0;; ++step) {
+    train_steps(fabric, model, optimizer, step, step + 1);
+    fabric.save(path, {{"model", model}, {"optimizer", optimizer}, {"step", step}});
+  }
+}
+
+// The kill test's check: what PATH holds loads, complete, into single_device.
+int load_check(const std::string& path) {
+  try {
+    loom::Fabric<loom::cpu, loom::single_device> single;
+    auto net = make_net();
+    torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
+    auto [model, optimizer] = single.setup(net, adam);
+    auto rest = single.load(path, {{"model", model}, {"optimizer", optimizer}});
+    std::printf("load_check: %s loads (step %d)\n", path.c_str(), rest.get<int>("step"));
+    return 0;
+  } catch (const std::exception& error) {
+    std::printf("load_check: %s does not load: %s\n", path.c_str(), error.what());
+    return 1;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 2 && std::string(argv[1]) == "load_check") return load_check(argv[2]);
+  const std::string scenario = argc > 1 ? argv[1] : "laws";
+  const int devices = argc > 2 ? std::atoi(argv[2]) : 2;
+  try {
+    using loom::sharding_strategy;
+    if (scenario == "hybrid") {
+      // One Fabric per process: several nodes meet through one TCP store on
+      // MASTER_PORT, which a second Fabric cannot host again.
+      fsdp_fabric fabric({.devices = loom::devices_spec(devices), .num_nodes = 2},
+                         loom::fsdp(loom::fsdp_options{.strategy = sharding_strategy::hybrid_shard}));
+      laws::rank_for_messages = fabric.global_rank();
+      laws::law_equivalence(fabric, make_net, "HYBRID_SHARD (replicate=2, shard=2)");
+      const bool everyone = fabric.reduce_boolean_decision(laws::failures == 0, /*all=*/true);
+      if (fabric.is_global_zero()) {
+        std::printf("fsdp laws (hybrid): world_size=%d %s\n", fabric.world_size(),
+                    everyone ? "all checks passed" : "FAILED");
+      }
+      return laws::failures == 0 ? 0 : 1;
+    }
+    fsdp_fabric launcher({.devices = loom::devices_spec(devices)});
+    launcher.launch();
+    laws::rank_for_messages = launcher.global_rank();
+    if (scenario == "laws") {
+      law_strategies({sharding_strategy::full_shard, sharding_strategy::shard_grad_op, sharding_strategy::no_shard});
+      law_variants();
+      law_accumulation();
+      law_tied();
+      law_full_checkpoint();
+      law_sharded_checkpoint();
+    } else if (scenario == "laws_short") {
+      law_strategies({sharding_strategy::full_shard, sharding_strategy::shard_grad_op, sharding_strategy::no_shard});
+      law_full_checkpoint();
+    } else if (scenario == "reshard") {
+      law_reshard(test_dir() + "/sharded_2");
+    } else if (scenario == "save_forever") {
+      save_forever();
+    } else {
+      std::fprintf(stderr, "fsdp_worker: unknown scenario %s\n", scenario.c_str());
+      return 2;
+    }
+    const bool everyone = launcher.reduce_boolean_decision(laws::failures == 0, /*all=*/true);
+    if (launcher.is_global_zero()) {
+      std::printf("fsdp laws (%s): world_size=%d %s\n", scenario.c_str(), launcher.world_size(),
+                  everyone ? "all checks passed" : "FAILED");
+    }
+    return laws::failures == 0 ? 0 : 1;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "fsdp_worker rank %d: %s\n", laws::rank_for_messages, error.what());
+    return 1;
+  }
+}

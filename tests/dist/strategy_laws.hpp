@@ -1,0 +1,151 @@
+// The laws every data-parallel strategy obeys against single_device, written
+// once over the Fabric type and instantiated per strategy by the workers
+// (fsdp_worker.cpp). Each rank gets different rows of the same global batch.
+#pragma once
+
+#include <loom/loom.hpp>
+
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adam.h>
+
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace laws {
+
+inline int failures = 0;
+inline int rank_for_messages = -1;
+#define LAW_EXPECT(condition, ...)                                                                     \
+  do {                                                                                                 \
+    if (!(condition)) {                                                                                \
+      ++laws::failures;                                                                                \
+      std::fprintf(stderr, "rank %d: check failed (%s:%d): ", laws::rank_for_messages, __FILE__, __LINE__); \
+      std::fprintf(stderr, __VA_ARGS__);                                                               \
+      std::fprintf(stderr, "\n");                                                                      \
+    }                                                                                                  \
+  } while (0)
+
+constexpr int64_t global_batch = 32;
+
+inline at::Tensor global_inputs(int step) {
+  auto generator = at::detail::createCPUGenerator(1000 + step);
+  return at::randn({global_batch, 16}, generator);
+}
+inline at::Tensor global_targets(int step) {
+  auto generator = at::detail::createCPUGenerator(2000 + step);
+  return at::randint(0, 4, {global_batch}, generator);
+}
+
+// The parameters of a set-up module at full size, in the module's order:
+// strategies that shard gather them (a collective: every rank calls it).
+template <class Model, class Net>
+std::vector<at::Tensor> full_parameters(Model& model, Net& net) {
+  std::vector<at::Tensor> out;
+  if constexpr (requires { model.session().state()->gather_full_parameters(-1, nullptr); }) {
+    std::map<std::string, at::Tensor> by_name;
+    model.session().state()->gather_full_parameters(
+        -1, [&](const std::string& name, const at::Tensor& full) { by_name[name] = full.detach().clone(); });
+    for (const auto& item : net->named_parameters()) out.push_back(by_name.at(item.key()));
+  } else {
+    for (const auto& p : net->parameters()) out.push_back(p.detach().clone());
+  }
+  return out;
+}
+inline at::Tensor flat(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> parts;
+  for (const auto& t : tensors) parts.push_back(t.reshape({-1}));
+  return at::cat(parts);
+}
+template <class Net>
+at::Tensor flat_of(Net& net) {
+  std::vector<at::Tensor> parts;
+  for (const auto& p : net->parameters()) parts.push_back(p.detach().reshape({-1}));
+  return at::cat(parts);
+}
+
+struct equivalence_result {
+  double max_difference = 0;
+  double norm_difference = 0;
+};
+
+// Law 1: `steps` Adam steps of the strategy on N ranks with B/N rows each
+// equal `steps` steps of one process with B (within tolerance: only the
+// order of float additions differs); every rank holds bit-identical
+// parameters after every step; clip_gradients returns the single-device norm.
+// make() builds the model (same seed: same initial weights everywhere).
+template <class F, class Make>
+equivalence_result law_equivalence(F& fabric, Make&& make, const char* what, int steps = 20,
+                                   bool build_optimizer_after_setup = false) {
+  const int r = fabric.global_rank();
+  const int w = fabric.world_size();
+  auto net = make();
+  auto reference = make();
+  auto options = torch::optim::AdamOptions(1e-2);
+  torch::optim::Adam reference_adam(reference->parameters(), options);
+  equivalence_result result;
+  auto run = [&](auto& model, auto& optimizer) {
+    const int64_t local = global_batch / w;
+    for (int step = 0; step < steps; ++step) {
+      const auto x = global_inputs(step);
+      const auto y = global_targets(step);
+      optimizer.zero_grad();
+      auto loss = torch::nn::functional::cross_entropy(model(x.narrow(0, r * local, local)),
+                                                       y.narrow(0, r * local, local));
+      fabric.backward(loss);
+      const auto norm = fabric.clip_gradients(model, optimizer, loom::clip_options{.max_norm = 1e9});
+      optimizer.step();
+
+      reference_adam.zero_grad();
+      torch::nn::functional::cross_entropy(reference->forward(x), y).backward();
+      const double reference_norm = torch::nn::utils::clip_grad_norm_(reference->parameters(), 1e9);
+      result.norm_difference = std::max(result.norm_difference, std::abs(norm.value_or(-1) - reference_norm));
+      LAW_EXPECT(norm && std::abs(*norm - reference_norm) <= 1e-5 * reference_norm + 1e-7,
+                 "%s step %d: clip_gradients returned %.9g, single device %.9g", what, step, norm.value_or(-1),
+                 reference_norm);
+      reference_adam.step();
+
+      const auto mine = flat(full_parameters(model, net));
+      const auto everyone = fabric.all_gather(mine);
+      for (int k = 1; k < w; ++k) {
+        LAW_EXPECT(torch::equal(everyone[0], everyone[k]), "%s step %d: rank %d's gathered parameters differ", what,
+                   step, k);
+      }
+    }
+    const auto strategy = flat(full_parameters(model, net));
+    const auto single = flat_of(reference);
+    result.max_difference = (strategy - single).abs().max().template item<double>();
+    // Each rank sums its rows, then the shards are averaged across ranks:
+    // the same terms as one process, added in another order. fp32 rounds at
+    // 6e-8 relative; Adam divides by sqrt(v), so a rounding difference in a
+    // gradient near zero moves its element by up to a few lr * 1e-3 over 20
+    // steps. Observed: see the printed figure.
+    LAW_EXPECT(torch::allclose(strategy, single, /*rtol=*/1e-4, /*atol=*/2e-5),
+               "%s on %d ranks with batch %ld each differs from one process with batch %ld by %.3g", what, w, local,
+               global_batch, result.max_difference);
+  };
+  if (build_optimizer_after_setup) {
+    auto model = fabric.setup(net);
+    torch::optim::Adam adam(net->parameters(), options);  // sees the shards
+    auto optimizer = fabric.setup_optimizers(adam);
+    run(model, optimizer);
+  } else {
+    torch::optim::Adam adam(net->parameters(), options);
+    auto [model, optimizer] = fabric.setup(net, adam);
+    run(model, optimizer);
+  }
+  if (r == 0) {
+    std::printf("law (equivalence) %s: world_size=%d max |strategy - single| after %d Adam steps = %.3g "
+                "(rtol 1e-4, atol 2e-5); max |norm - single norm| = %.3g\n",
+                what, w, steps, result.max_difference, result.norm_difference);
+    std::fflush(stdout);
+  }
+  return result;
+}
+
+}  // namespace laws
