@@ -7,6 +7,7 @@
 //   build/examples/fashion_mnist [--epochs 5] [--batch-size 64] [--lr 1e-3] [--data DIR]
 //                                [--accelerator cpu] [--strategy ddp] [--devices 2] [--precision bf16-mixed]
 #include <loom/any_fabric.hpp>
+#include <loom/runtime/registry.hpp>
 #include <loom/loom.hpp>
 
 #include <CLI/CLI.hpp>
@@ -21,6 +22,7 @@
 #include <iomanip>
 #include <iostream>
 #include <optional>
+#include <set>
 #include <sstream>
 
 namespace {
@@ -76,6 +78,17 @@ double accuracy(Fabric& fabric, Model& model, Loader& loader) {
   return static_cast<double>(totals[0].template item<int64_t>()) / static_cast<double>(totals[1].template item<int64_t>());
 }
 
+// The bytes of the distinct storages behind a module's parameters: the
+// whole model, or after FSDP's setup this rank's flat shards.
+std::int64_t parameter_bytes(const torch::nn::Module& module) {
+  std::set<const void*> seen;
+  std::int64_t total = 0;
+  for (const auto& p : module.parameters()) {
+    if (seen.insert(p.storage().unsafeGetStorageImpl()).second) total += static_cast<std::int64_t>(p.storage().nbytes());
+  }
+  return total;
+}
+
 template <class Fabric>
 double run(Fabric& fabric, const options& opts) {
   fabric.seed_everything(opts.seed);
@@ -90,7 +103,10 @@ double run(Fabric& fabric, const options& opts) {
     return Classifier(opts.hidden);
   }();
   torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(opts.lr));
+  const std::int64_t model_bytes = parameter_bytes(*net);
   auto [model, optimizer] = fabric.setup(net, adam);
+  // What this rank holds of the parameters (FSDP: its shards).
+  const std::int64_t held_bytes = parameter_bytes(*net);
   auto train = fabric.setup_dataloaders(std::move(train_set), {.batch_size = opts.batch_size, .shuffle = true});
   auto test = fabric.setup_dataloaders(std::move(test_set), {.batch_size = 1000});
 
@@ -127,6 +143,8 @@ double run(Fabric& fabric, const options& opts) {
     fabric.print(line.str());
   }
   for (auto& logger : fabric.loggers()) logger.finalize("success");
+  fabric.print("param_bytes_per_rank=" + std::to_string(held_bytes) + " model_param_bytes=" +
+               std::to_string(model_bytes));
   if (!opts.checkpoint.empty()) {
     fabric.save(opts.checkpoint, {{"model", model}, {"optimizer", optimizer}, {"step", step}});
     fabric.print("checkpoint written to", opts.checkpoint);
@@ -139,6 +157,10 @@ int train(const options& opts) {
   if (opts.devices) config.devices = *opts.devices;
   if (opts.precision) config.precision = *opts.precision;
   if (!opts.log_dir.empty()) config.loggers.emplace_back(loom::csv_logger(opts.log_dir, {.name = "fashion_mnist"}));
+  // Under FSDP each Linear is a unit (Lightning: FSDPStrategy(auto_wrap_policy={nn.Linear})).
+  if (loom::runtime::resolve(config, std::nullopt).chosen.strategy.rfind("fsdp", 0) == 0) {
+    config.strategy_options = R"({"auto_wrap_policy": ["Linear"]})";
+  }
   loom::AnyFabric fabric = loom::make_fabric(std::move(config));
   fabric.launch();  // --devices N without loom-run: starts the other N-1 processes
   const double test_accuracy = run(fabric, opts);  // reduced over every rank

@@ -1,7 +1,9 @@
 #!/bin/sh
-# check_example.sh EXAMPLE [LOOM_RUN]
+# check_example.sh EXAMPLE [LOOM_RUN [STRATEGY]]
 # Runs the Fashion-MNIST example at its defaults (with LOOM_RUN: under
-# `loom-run --accelerator cpu --strategy ddp --devices 2`): the last line of
+# `loom-run --accelerator cpu --strategy STRATEGY --devices 2`, ddp unless
+# given; under fsdp the line before the last, param_bytes_per_rank=, must be
+# at most 0.55 of the model's parameter bytes): the last line of
 # stdout and stderr together must be test_accuracy=0.XXXX, printed once, with
 # a value >= 0.85. Then with a data directory that does not exist: it must
 # fail and name the file and the Debian package. Under LOOM_RUN, a flag of the
@@ -9,7 +11,8 @@
 set -u
 example=$(realpath "$1")
 launcher=""
-if [ $# -ge 2 ]; then launcher="$(realpath "$2") --accelerator cpu --strategy ddp --devices 2"; fi
+strategy=${3:-ddp}
+if [ $# -ge 2 ]; then launcher="$(realpath "$2") --accelerator cpu --strategy $strategy --devices 2"; fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work" || exit 1
@@ -27,6 +30,17 @@ esac
 value=${last#test_accuracy=}
 awk -v v="$value" 'BEGIN { exit !(v >= 0.85) }' || { echo "test accuracy $value is below 0.85"; exit 1; }
 [ -f logs/fashion_mnist/version_0/metrics.csv ] || { echo "no metrics.csv written"; exit 1; }
+bytes_line=$(tail -n 2 out.txt | head -n 1)
+case "$bytes_line" in
+  param_bytes_per_rank=*) ;;
+  *) echo "the line before the last is not param_bytes_per_rank=...: $bytes_line"; exit 1 ;;
+esac
+held=$(echo "$bytes_line" | sed -n 's/^param_bytes_per_rank=\([0-9]*\) model_param_bytes=\([0-9]*\)$/\1/p')
+model=$(echo "$bytes_line" | sed -n 's/^param_bytes_per_rank=\([0-9]*\) model_param_bytes=\([0-9]*\)$/\2/p')
+echo "parameter bytes per rank $held of $model"
+if [ "$strategy" = fsdp ]; then
+  awk -v h="$held" -v m="$model" 'BEGIN { exit !(h <= 0.55 * m) }' || { echo "FSDP holds $held of $model bytes (> 0.55)"; exit 1; }
+fi
 
 $launcher "$example" --data "$work/missing" > missing.txt 2>&1 && { echo "missing data did not fail"; exit 1; }
 grep -q "missing/train-images-idx3-ubyte.gz" missing.txt && grep -q "dataset-fashion-mnist" missing.txt || {
@@ -36,7 +50,7 @@ grep -q "missing/train-images-idx3-ubyte.gz" missing.txt && grep -q "dataset-fas
 # error naming both, before any training (Lightning's rule, through make_fabric).
 if [ -n "$launcher" ]; then
   $launcher "$example" --strategy single_device > conflict.txt 2>&1 && { echo "a conflicting --strategy was accepted"; exit 1; }
-  grep -q "strategy=single_device" conflict.txt && grep -q -- "--strategy=ddp" conflict.txt || {
+  grep -q "strategy=single_device" conflict.txt && grep -q -- "--strategy=$strategy" conflict.txt || {
     echo "the conflict error does not name both values:"; cat conflict.txt; exit 1; }
 fi
 echo "ok"

@@ -1,7 +1,8 @@
 #!/bin/sh
-# check_trainer_example.sh TRAINER LOOM_PLOT SOURCE_DIR [LOOM_RUN]
+# check_trainer_example.sh TRAINER LOOM_PLOT SOURCE_DIR [LOOM_RUN [STRATEGY]]
 # Runs examples/trainer at its defaults (with LOOM_RUN: under loom-run
-# --strategy ddp --devices 2). The last line of stdout and stderr together
+# --strategy STRATEGY --devices 2, ddp unless given; fsdp's checkpoints are
+# sharded directories). The last line of stdout and stderr together
 # must be val_accuracy=0.XXXX, printed once, >= 0.85; the progress bar,
 # checkpoints (periodic, best, last), CSV and TensorBoard logs must be there;
 # every value in every column of the CSV must be in the TensorBoard file at its step
@@ -12,7 +13,8 @@ example=$(realpath "$1")
 plot=$(realpath "$2")
 source_dir=$(realpath "$3")
 launcher=""
-if [ $# -ge 4 ]; then launcher="$(realpath "$4") --accelerator cpu --strategy ddp --devices 2"; fi
+strategy=${5:-ddp}
+if [ $# -ge 4 ]; then launcher="$(realpath "$4") --accelerator cpu --strategy $strategy --devices 2"; fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work" || exit 1
@@ -36,7 +38,7 @@ grep '^validation after epoch' out.txt
 for file in checkpoints/epoch=1-step=*.ckpt checkpoints/epoch=3-step=*.ckpt checkpoints/best/last.ckpt \
             checkpoints/best/epoch=*-val_accuracy=*.ckpt logs/csv/version_0/metrics.csv \
             logs/csv/version_0/hparams.yaml logs/tensorboard/version_0/events.out.tfevents.*; do
-  [ -f "$file" ] || fail "missing $file"
+  [ -e "$file" ] || fail "missing $file"
 done
 echo "checkpoints and logs are there"
 

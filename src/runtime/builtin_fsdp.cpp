@@ -21,6 +21,9 @@ fsdp_options read_fsdp(option_reader& reader, fsdp_options options) {
   reader.read("device_mesh_shard", shard, 0, 1 << 20);
   if (replicate > 0 && shard > 0) options.device_mesh = std::pair<int, int>(static_cast<int>(replicate), static_cast<int>(shard));
   reader.read("auto_wrap_min_num_params", options.wrap_policy.min_num_params, 0, std::int64_t(1) << 50);
+  std::vector<std::string> wrapped;
+  reader.read("auto_wrap_policy", wrapped);
+  options.wrap_policy.module_names.insert(wrapped.begin(), wrapped.end());
   reader.read("forward_prefetch", options.forward_prefetch);
   reader.read("backward_prefetch", options.backward_prefetch);
   reader.read("sync_module_states", options.sync_module_states);

@@ -111,6 +111,19 @@ void option_reader::read(std::string_view key, std::string& value, std::initiali
   value = found->get<std::string>();
 }
 
+void option_reader::read(std::string_view key, std::vector<std::string>& value) {
+  asked_.emplace_back(key);
+  auto found = parsed_->object.find(std::string(key));
+  if (found == parsed_->object.end()) return;
+  const bool strings = found->is_array() && std::all_of(found->begin(), found->end(),
+                                                          [](const nlohmann::json& item) { return item.is_string(); });
+  if (!strings) {
+    throw configuration_error("strategy '" + strategy_ + "': option '" + std::string(key) + "' = " + shown(*found) +
+                              " is not accepted: expected a list of strings");
+  }
+  value = found->get<std::vector<std::string>>();
+}
+
 void option_reader::finish() const {
   for (const auto& [key, value] : parsed_->object.items()) {
     if (std::find(asked_.begin(), asked_.end(), key) != asked_.end()) continue;

@@ -475,7 +475,13 @@ fsdp_engine::fsdp_engine(torch::nn::Module& module, comm::process_group& world, 
     bool chosen = marker != nullptr;
     if (i > 0 && !chosen && !policy.empty()) {
       const torch::nn::Module& m = *modules[i].module;
+      const std::string class_name = m.name();
+      const std::string short_name = class_name.rfind("torch::nn::", 0) == 0 && class_name.size() > 15 &&
+                                             class_name.compare(class_name.size() - 4, 4, "Impl") == 0
+                                         ? class_name.substr(11, class_name.size() - 15)
+                                         : class_name;
       chosen = policy.module_types.count(std::type_index(typeid(m))) > 0 ||
+               policy.module_names.count(class_name) > 0 || policy.module_names.count(short_name) > 0 ||
                (policy.min_num_params > 0 && unwrapped[i] >= policy.min_num_params) ||
                (policy.predicate && policy.predicate(m, modules[i].name, unwrapped[i]));
     }

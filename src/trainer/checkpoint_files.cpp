@@ -22,7 +22,9 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     std::smatch match;
     const std::string name = entry.path().filename().string();
-    if (!entry.is_regular_file(ec) || !std::regex_match(name, match, pattern)) continue;
+    // A file, or a sharded checkpoint's directory (it holds meta.pt).
+    const bool checkpoint = entry.is_regular_file(ec) || fs::exists(entry.path() / "meta.pt", ec);
+    if (!checkpoint || !std::regex_match(name, match, pattern)) continue;
     const std::tuple<std::int64_t, std::int64_t> key{std::stoll(match[2]), std::stoll(match[1])};
     if (key > best_key) {
       best_key = key;

@@ -70,7 +70,8 @@ void model_checkpoint::save(double score, bool has_metric) {
     if (!keep_all && static_cast<std::int64_t>(best_k_models_.size()) > k) {
       best_k_models_.erase(worst);
       std::error_code ec;
-      if (fit_->is_global_zero() && worst != path) fs::remove(worst, ec);
+      // remove_all: a sharded checkpoint is a directory.
+      if (fit_->is_global_zero() && worst != path) fs::remove_all(worst, ec);
     }
     best_model_path_.clear();
     for (const auto& [kept_path, kept] : best_k_models_) {

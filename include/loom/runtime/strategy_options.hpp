@@ -29,6 +29,8 @@ class option_reader {
   void read(std::string_view key, double& value, double greater_than, double at_most);
   void read(std::string_view key, std::int64_t& value, std::int64_t at_least, std::int64_t at_most);
   void read(std::string_view key, std::string& value, std::initializer_list<std::string_view> accepted);
+  // A list of strings (["Linear", "torch::nn::Conv2dImpl"]).
+  void read(std::string_view key, std::vector<std::string>& value);
 
   // Throws when the options hold a key no read() asked for.
   void finish() const;

@@ -11,6 +11,7 @@
 #include <functional>
 #include <optional>
 #include <set>
+#include <string>
 #include <string_view>
 #include <typeindex>
 #include <utility>
@@ -46,6 +47,9 @@ constexpr std::string_view to_string(sharding_strategy strategy) noexcept {
 // dotted name, its parameter count not yet in a unit below it).
 struct auto_wrap_policy {
   std::set<std::type_index> module_types;
+  // The same by name, for the run-time options: a module's LibTorch class
+  // name (Module::name(), "torch::nn::LinearImpl") or its short form ("Linear").
+  std::set<std::string> module_names;
   std::int64_t min_num_params = 0;  // 0: off
   std::function<bool(const torch::nn::Module&, std::string_view name, std::int64_t unwrapped_params)> predicate;
 
@@ -56,7 +60,9 @@ struct auto_wrap_policy {
   static auto_wrap_policy size_based(std::int64_t min_num_params) {
     return auto_wrap_policy{.min_num_params = min_num_params};
   }
-  bool empty() const noexcept { return module_types.empty() && min_num_params <= 0 && !predicate; }
+  bool empty() const noexcept {
+    return module_types.empty() && module_names.empty() && min_num_params <= 0 && !predicate;
+  }
 };
 
 // Lightning's state_dict_type: what fabric.save writes.
