@@ -20,6 +20,17 @@
 // is measured on a 2.x build; the cpu x fp16 compile errors key off it.
 #define LOOM_CPU_HAS_FP16_KERNELS 0
 
+// c10::Allocator::allocate lost its const, and copy_data became a pure
+// virtual, in torch 2.3: a counting allocator (bench/fsdp_memory) spells
+// both through these.
+#if LOOM_TORCH_VERSION_AT_LEAST(2, 3)
+#define LOOM_ALLOCATOR_ALLOCATE_CONST
+#define LOOM_ALLOCATOR_NEEDS_COPY_DATA 1
+#else
+#define LOOM_ALLOCATOR_ALLOCATE_CONST const
+#define LOOM_ALLOCATOR_NEEDS_COPY_DATA 0
+#endif
+
 namespace loom::compat {
 
 // torch 2.4 replaced the per-backend autocast setters with device-type ones.

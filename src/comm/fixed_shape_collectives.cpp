@@ -187,10 +187,25 @@ void post_reduce_scatter(process_group_state& state, work_slot& slot, std::size_
     slot.pending.push_back(state.backend->_reduce_scatter_base(output, input, options));
     return;
   }
+  const at::Tensor own = flat_in.narrow(0, n * state.rank, n);
+  const bool alltoall = state.emulation.load(std::memory_order_relaxed) == emulation::alltoall;
+  const bool widen = flat_out.scalar_type() == at::kBFloat16 || flat_out.scalar_type() == at::kHalf;
+  if (state.size == 2 && !alltoall && !widen && flat_out.data_ptr() != own.data_ptr()) {
+    // Two ranks: the peer's chunk arrives in out itself, and own is added to
+    // it (a + b == b + a exactly): no buffer of the chunk's size is needed.
+    slot.reductions.push_back({flat_out, own, -1, op});
+    state.emulated_collectives.fetch_add(1, std::memory_order_relaxed);
+    const int peer = 1 - state.rank;
+    slot.arguments[0] = flat_in.narrow(0, n * peer, n);
+    slot.pending.push_back(state.backend->send(slot.arguments, peer, reduce_scatter_tag));
+    slot.arguments[0] = flat_out;
+    slot.pending.push_back(state.backend->recv(slot.arguments, peer, reduce_scatter_tag));
+    return;
+  }
   const at::Tensor received = scratch(slot, index, n * state.size, flat_in);
-  slot.reductions.push_back({flat_out, flat_in.narrow(0, n * state.rank, n), static_cast<int64_t>(index), op});
+  slot.reductions.push_back({flat_out, own, static_cast<int64_t>(index), op});
   if (state.size == 1) return;
-  if (state.emulation.load(std::memory_order_relaxed) == emulation::alltoall) {
+  if (alltoall) {
     at::Tensor output = on_wire(state, received);
     at::Tensor input = on_wire(state, flat_in);
     std::vector<int64_t> equal_splits;  // empty: equal splits
@@ -223,6 +238,12 @@ void combine(at::Tensor& accumulator, const at::Tensor& chunk, reduce_op op) {
 // order, into out; 16-bit floats accumulate in fp32 and round once.
 void reduce_chunks(const process_group_state& state, work_slot& slot, const work_slot::reduction& entry) {
   const int64_t n = entry.out.numel();
+  if (entry.received < 0) {
+    at::Tensor out = entry.out;  // holds the peer's chunk
+    combine(out, entry.own, entry.op);
+    if (entry.op == reduce_op::mean) out.div_(state.size);
+    return;
+  }
   const at::Tensor received = slot.scratch[static_cast<std::size_t>(entry.received)];
   auto chunk_of = [&](int k) { return k == state.rank ? entry.own : received.narrow(0, n * k, n); };
   const bool widen = entry.out.scalar_type() == at::kBFloat16 || entry.out.scalar_type() == at::kHalf;
@@ -325,6 +346,15 @@ work process_group::reduce_scatter_into(std::span<const at::Tensor> outs, std::s
   return issue(state_, "reduce_scatter_into", [&](work_slot& slot) {
     for (std::size_t i = 0; i < outs.size(); ++i) post_reduce_scatter(*state_, slot, i, outs[i], ins[i], op);
   });
+}
+
+void process_group::release_buffers() {
+  if (!state_) return;
+  std::lock_guard<std::mutex> lock(state_->slots_mutex);
+  for (work_slot* slot : state_->free_slots) {
+    slot->scratch.clear();
+    slot->accumulator = at::Tensor();
+  }
 }
 
 work process_group::all_reduce_async(const at::Tensor& tensor, reduce_op op) {

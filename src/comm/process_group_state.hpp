@@ -28,7 +28,7 @@ struct work_slot {
   struct reduction {
     at::Tensor out;
     at::Tensor own;         // this rank's chunk of the input (not sent)
-    int64_t received = 0;   // index into scratch: [size, n] chunks by source rank
+    int64_t received = 0;   // index into scratch: [size, n] chunks by source rank; -1: the peer's chunk is in out
     reduce_op op = reduce_op::sum;
   };
   // Copy a wire tensor back into the caller's (bf16 reduced as float, a

@@ -172,10 +172,13 @@ struct fsdp_engine::impl {
     for (auto& p : unit.params) p.param.set_data(p.shard_view);
     unit.views_full = false;
   }
+  // The parameters back to their shards. FULL_SHARD empties the gathered
+  // storage; SHARD_GRAD_OP keeps it allocated between steps (ZeRO-2's 4 bytes
+  // per parameter: the next step's gather refills it, allocating nothing).
   void release(sharded_unit& unit) {
     point_shard(unit);
     if (!sharded() || !unit.gathered) return;
-    free_storage(unit.full);
+    if (options.strategy != sharding_strategy::shard_grad_op) free_storage(unit.full);
     unit.gathered = false;
   }
 
@@ -310,6 +313,7 @@ struct fsdp_engine::impl {
       return;
     }
     if (sharded()) {
+      if (unit.had_grad) unit.reduced = at::empty_like(unit.grad_shard);  // added to the gradients there
       const at::Tensor& out = unit.had_grad ? unit.reduced : unit.grad_shard;
       unit.reduction = shard_group.reduce_scatter_into(out, unit.full_grad, reduce_op::mean);
       ++counters.reduce_scatters;
@@ -338,6 +342,7 @@ struct fsdp_engine::impl {
         ++counters.all_reduces;
       }
       if (unit.had_grad) unit.grad_shard.add_(unit.reduced);
+      unit.reduced = at::Tensor();
       free_storage(unit.full_grad);
     }
     unit.grads_live = false;
@@ -357,6 +362,8 @@ struct fsdp_engine::impl {
       unit->backward_started = false;
       unit->post_backward_done = false;
     }
+    shard_group.release_buffers();
+    replicate_group.release_buffers();
     backward_active = false;
   }
 };
@@ -604,22 +611,23 @@ fsdp_engine::fsdp_engine(torch::nn::Module& module, comm::process_group& world, 
     at::Tensor flat = at::zeros({unit.padded}, options_of);
     for (auto& p : unit.params) flat.narrow(0, p.offset, p.numel).copy_(p.param.detach().reshape({-1}));
     if (options.sync_module_states && world.valid()) world.broadcast(flat, 0);
+    const bool keeps_full = options.strategy == sharding_strategy::shard_grad_op;
     if (shard > 1) {
       unit.full = flat;
-      unit.shard = flat.narrow(0, self.shard_rank * unit.shard_numel, unit.shard_numel).clone();
-      unit.full_grad = at::zeros({unit.padded}, options_of);
+      // SHARD_GRAD_OP (ZeRO-2) keeps the whole flat buffer: its shard is its
+      // own chunk, which the optimizer updates in place, and the gather
+      // before the next forward fills the other chunks (4Ψ + 12Ψ/N).
+      unit.shard = flat.narrow(0, self.shard_rank * unit.shard_numel, unit.shard_numel);
+      if (!keeps_full) unit.shard = unit.shard.clone();
       unit.grad_shard = at::zeros({unit.shard_numel}, options_of);
-      unit.reduced = at::zeros({unit.shard_numel}, options_of);
     } else {
       unit.shard = unit.full = flat;
       unit.grad_shard = unit.full_grad = at::zeros({unit.padded}, options_of);
-      unit.reduced = unit.grad_shard;
     }
     const int64_t shard_begin = self.shard_rank * unit.shard_numel;
     const int64_t shard_end = shard_begin + unit.shard_numel;
     for (auto& p : unit.params) {
       p.full_view = alias(unit.full, p.offset, p.shape);
-      p.grad_view = alias(unit.full_grad, p.offset, p.shape);
       if (shard > 1) {
         const int64_t begin = std::clamp(p.offset, shard_begin, shard_end);
         const int64_t end = std::clamp(p.offset + p.numel, shard_begin, shard_end);
@@ -628,8 +636,7 @@ fsdp_engine::fsdp_engine(torch::nn::Module& module, comm::process_group& world, 
         p.grad_shard_view = unit.grad_shard.narrow(0, begin - shard_begin, end - begin);
       } else {
         p.local_offset = p.offset;
-        p.shard_view = p.full_view;
-        p.grad_shard_view = p.grad_view;
+        p.shard_view = p.full_view;  // nothing sharded: the parameter keeps its shape
       }
       // AccumulateGrad is made while the parameter is full-sized (autograd
       // checks incoming gradients against its shape) and kept alive here.
@@ -640,12 +647,18 @@ fsdp_engine::fsdp_engine(torch::nn::Module& module, comm::process_group& world, 
         p.hook_key = p.accumulator->add_post_hook(std::make_unique<gradient_ready_hook>(&unit));
         ++unit.grads_expected;
       }
-      p.param.set_data(p.shard_view);
+      p.param.set_data(p.shard_view);  // the module's own copy of these parameters goes now
     }
     if (shard > 1) {
-      free_storage(unit.full);
+      // The gradient buffer's views are made while no other unit-sized buffer
+      // is allocated: setup's peak is the model, one unit, and the shards.
+      if (!keeps_full) free_storage(unit.full);
+      unit.full_grad = at::empty({unit.padded}, options_of);
+      for (auto& p : unit.params) p.grad_view = alias(unit.full_grad, p.offset, p.shape);
       free_storage(unit.full_grad);
     } else {
+      for (auto& p : unit.params) p.grad_view = alias(unit.full_grad, p.offset, p.shape);
+      for (auto& p : unit.params) p.grad_shard_view = p.grad_view;
       unit.gathered = true;
     }
     if (unit.marker != nullptr) unit.marker->attach(&unit);
@@ -881,6 +894,16 @@ std::int64_t fsdp_engine::parameter_shard_bytes() const {
   std::int64_t total = 0;
   for (const auto& unit : impl_->units) total += static_cast<std::int64_t>(unit->shard.storage().nbytes());
   return total;
+}
+
+std::vector<at::Tensor> fsdp_engine::held_tensors() const {
+  std::vector<at::Tensor> out;
+  for (const auto& unit : impl_->units) {
+    for (const at::Tensor* t : {&unit->shard, &unit->grad_shard, &unit->reduced, &unit->full, &unit->full_grad}) {
+      if (t->defined()) out.push_back(*t);
+    }
+  }
+  return out;
 }
 
 std::int64_t fsdp_engine::held_bytes() const {

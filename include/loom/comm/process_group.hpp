@@ -71,7 +71,8 @@ class process_group {
 
   // ---- Fixed-shape collectives for sharding: the caller owns both buffers
   // (contiguous, same dtype), nothing is exchanged about shapes, and no
-  // tensor is allocated per call once the group is warm. Every rank issues
+  // tensor is allocated per call once the group is warm (release_buffers
+  // gives back what the emulations keep). Every rank issues
   // one group's collectives in the same program order; handles on different
   // groups may be waited in any order.
   //
@@ -86,6 +87,11 @@ class process_group {
   work all_gather_into(std::span<const at::Tensor> outs, std::span<const at::Tensor> ins);
   work reduce_scatter_into(std::span<const at::Tensor> outs, std::span<const at::Tensor> ins,
                            reduce_op op = reduce_op::sum);
+  // Drops the receive buffers the emulated reduce-scatter keeps between calls
+  // (on more than two ranks, or for 16-bit floats, one as large as its
+  // input; two ranks of fp32 need none): a sharding engine calls it after
+  // each backward so that what it holds between steps is only its shards.
+  void release_buffers();
   // all_reduce and broadcast in place, asynchronously.
   work all_reduce_async(const at::Tensor& tensor, reduce_op op = reduce_op::sum);
   work broadcast_async(const at::Tensor& tensor, int source = 0);

@@ -94,6 +94,9 @@ class fsdp_engine {
   // the engine holds between steps (shards, gradient shards, caches).
   std::int64_t parameter_shard_bytes() const;
   std::int64_t held_bytes() const;
+  // The engine's own buffers (shards, gradient shards, gathered buffers, a
+  // reduction in flight), for counting storages once (bench/fsdp_memory).
+  std::vector<at::Tensor> held_tensors() const;
 
   struct impl;
 
