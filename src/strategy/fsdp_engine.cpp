@@ -123,6 +123,7 @@ struct sharded_unit {
   int grads_seen = 0;
   int watched_outputs = 0;
   int forward_position = -1;
+  bool checkpoint = false;        // activation checkpointing: the forward is recomputed in backward
 };
 
 struct fsdp_engine::impl {
@@ -372,6 +373,7 @@ struct fsdp_engine::impl {
 void unit_pre_forward(sharded_unit& unit) { unit.engine->pre_forward(unit); }
 void unit_watch_output(sharded_unit& unit, const at::Tensor& output) { unit.engine->watch(unit, output); }
 void unit_post_forward(sharded_unit& unit) { unit.engine->post_forward(unit); }
+bool unit_checkpoints(const sharded_unit& unit) { return unit.checkpoint; }
 
 namespace {
 
@@ -508,6 +510,17 @@ fsdp_engine::fsdp_engine(torch::nn::Module& module, comm::process_group& world, 
     unit->marker = i == 0 ? nullptr : dynamic_cast<unit_marker*>(modules[i].module.get());
     unit->index = static_cast<int>(self.units.size());
     if (i > 0) unit->parent = modules[static_cast<std::size_t>(innermost_unit_module(modules[i].parent_module))].unit;
+    // Lightning's activation_checkpointing_policy (module types), or the holder's own flag.
+    const torch::nn::Module& m = *modules[i].module;
+    const bool asked = options.activation_checkpointing_types.count(std::type_index(typeid(m))) > 0 ||
+                       (unit->marker != nullptr && unit->marker->checkpoints_activations());
+    if (asked && (unit->marker == nullptr || !unit->marker->can_checkpoint())) {
+      throw configuration_error(
+          "fsdp: activation checkpointing of '" + shown_unit(modules[i].name) + "' (" + m.name() +
+          ") needs a loom::unit<M> holder whose forward takes tensors and returns one (its forward is "
+          "recomputed in backward from its inputs); declare it as a unit, or leave it out of the policy");
+    }
+    unit->checkpoint = asked;
     modules[i].unit = unit->index;
     self.units.push_back(std::move(unit));
   }
@@ -886,7 +899,7 @@ bool fsdp_engine::knows_state_layout(torch::optim::Optimizer& optimizer) {
 
 std::vector<unit_summary> fsdp_engine::units() const {
   std::vector<unit_summary> out;
-  for (const auto& unit : impl_->units) out.push_back({unit->name, unit->numel, unit->padded, unit->shard_numel});
+  for (const auto& unit : impl_->units) out.push_back({unit->name, unit->numel, unit->padded, unit->shard_numel, unit->checkpoint});
   return out;
 }
 

@@ -37,6 +37,7 @@ struct unit_summary {
   std::int64_t numel = 0;  // parameters flattened into it
   std::int64_t padded = 0; // numel rounded up to a multiple of the shard count
   std::int64_t shard = 0;  // elements this rank keeps
+  bool checkpoint = false;  // its forward is recomputed in backward (activation checkpointing)
 };
 
 // Counters a test reads (collectives the engine issued).

@@ -11,12 +11,15 @@
 #include <loom/util/apply_to_collection.hpp>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
 #include <concepts>
+#include <functional>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace loom {
 
@@ -27,6 +30,13 @@ struct sharded_unit;
 void unit_pre_forward(sharded_unit& unit);
 void unit_watch_output(sharded_unit& unit, const at::Tensor& output);
 void unit_post_forward(sharded_unit& unit);
+// Whether the unit recomputes its forward in backward (activation checkpointing).
+bool unit_checkpoints(const sharded_unit& unit);
+// The forward run without keeping activations, and recomputed in backward
+// from `inputs` with the RNG state it first ran with (a custom autograd
+// Function: LibTorch 1.13 has no checkpoint API). compiled once.
+at::Tensor checkpointed_forward(const std::vector<at::Tensor>& inputs,
+                                std::function<at::Tensor(const std::vector<at::Tensor>&)> run);
 }  // namespace detail
 
 // What the engine finds among a model's modules at setup (dynamic_cast, once).
@@ -41,6 +51,9 @@ class unit_marker {
   // Set by the engine at setup (nullptr: not set up; forward is M's).
   detail::sharded_unit* sharded() const noexcept { return unit_; }
   void attach(detail::sharded_unit* unit) noexcept { unit_ = unit; }
+  // Whether this unit's forward can be recomputed (it takes tensors and
+  // returns one): what activation checkpointing needs.
+  virtual bool can_checkpoint() const noexcept { return false; }
 
  protected:
   template <class Result, class Body>
@@ -52,6 +65,16 @@ class unit_marker {
     detail::unit_post_forward(*unit_);
     return out;
   }
+  // The same, with the module's forward recomputed in backward.
+  template <class Recompute>
+  at::Tensor run_checkpointed(std::vector<at::Tensor> inputs, Recompute recompute) {
+    detail::unit_pre_forward(*unit_);
+    at::Tensor out = detail::checkpointed_forward(inputs, std::move(recompute));
+    detail::unit_watch_output(*unit_, out);
+    detail::unit_post_forward(*unit_);
+    return out;
+  }
+  bool checkpointing() const { return unit_ != nullptr && detail::unit_checkpoints(*unit_); }
 
  private:
   detail::sharded_unit* unit_ = nullptr;
@@ -90,10 +113,28 @@ class unit_impl_of;
 // forward with M's own signature (what Sequential's AnyModule needs).
 template <class Impl, class Result, class Class, class... Args>
 class unit_impl_of<Impl, Result (Class::*)(Args...)> : public Impl, public unit_marker {
+  // Tensors in, one tensor out: the forward can be recomputed from its inputs.
+  static constexpr bool recomputable =
+      std::is_same_v<Result, at::Tensor> && (std::is_same_v<std::remove_cvref_t<Args>, at::Tensor> && ...);
+
  public:
   using Impl::Impl;
+  bool can_checkpoint() const noexcept override { return recomputable; }
   Result forward(Args... args) {
+    if constexpr (recomputable) {
+      if (this->checkpointing() && at::GradMode::is_enabled()) {
+        return this->run_checkpointed({at::Tensor(args)...}, [this](const std::vector<at::Tensor>& inputs) {
+          return call(inputs, std::index_sequence_for<Args...>{});
+        });
+      }
+    }
     return this->template run_unit<Result>([&]() -> Result { return Impl::forward(std::forward<Args>(args)...); });
+  }
+
+ private:
+  template <std::size_t... I>
+  at::Tensor call(const std::vector<at::Tensor>& inputs, std::index_sequence<I...>) {
+    return Impl::forward(inputs[I]...);
   }
 };
 
