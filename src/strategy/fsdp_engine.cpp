@@ -124,6 +124,7 @@ struct sharded_unit {
   int watched_outputs = 0;
   int forward_position = -1;
   bool checkpoint = false;        // activation checkpointing: the forward is recomputed in backward
+  at::Tensor low_in, low_out;     // a reduction in reduce_dtype: the gradients converted, and the result
 };
 
 struct fsdp_engine::impl {
@@ -139,6 +140,15 @@ struct fsdp_engine::impl {
   std::size_t forward_cursor = 0;
   bool sync = true;
   bool backward_active = false;
+  // cpu_offload: shards (parameters, gradients, so the optimizer's state)
+  // live on the host; each gather moves the parameter shard to the compute
+  // device and each reduction moves the gradient shard back. On cpu both
+  // moves are the identity (Tensor::to and a copy onto itself are no-ops):
+  // the schedule runs and is counted, and nothing is copied.
+  bool offload = false;
+  c10::Device compute_device{c10::DeviceType::CPU};
+  // The dtype gradients are reduced in (nullopt: the parameters').
+  std::optional<c10::ScalarType> reduce_dtype;
   std::vector<sharded_unit*> pending_reductions;     // issue order
   fsdp_counters counters;
 
@@ -151,11 +161,20 @@ struct fsdp_engine::impl {
   void issue_gather(sharded_unit& unit, bool prefetch) {
     if (!sharded() || unit.gathered || unit.gather_pending) return;
     allocate_storage(unit.full, bytes_of(unit.full));
-    unit.gather = shard_group.all_gather_into(unit.full, unit.shard);
+    unit.gather = shard_group.all_gather_into(unit.full, offload ? to_compute_device(unit.shard) : unit.shard);
     unit.gather_pending = true;
     ++counters.all_gathers;
     if (prefetch) ++counters.prefetches;
   }
+  at::Tensor to_compute_device(const at::Tensor& host) {
+    ++counters.offload_to_device;
+    return host.to(compute_device);
+  }
+  void to_host(at::Tensor& host, const at::Tensor& reduced) {
+    ++counters.offload_to_host;
+    if (!reduced.is_same(host)) host.copy_(reduced);
+  }
+
   void ensure_gathered(sharded_unit& unit) {
     if (!sharded() || unit.gathered) return;
     issue_gather(unit, false);
@@ -313,13 +332,25 @@ struct fsdp_engine::impl {
       release(unit);
       return;
     }
+    const bool low = reduce_dtype && *reduce_dtype != unit.grad_shard.scalar_type();
     if (sharded()) {
       if (unit.had_grad) unit.reduced = at::empty_like(unit.grad_shard);  // added to the gradients there
       const at::Tensor& out = unit.had_grad ? unit.reduced : unit.grad_shard;
-      unit.reduction = shard_group.reduce_scatter_into(out, unit.full_grad, reduce_op::mean);
+      if (low) {
+        unit.low_in = unit.full_grad.to(*reduce_dtype);
+        unit.low_out = at::empty({unit.shard_numel}, unit.low_in.options());
+        unit.reduction = shard_group.reduce_scatter_into(unit.low_out, unit.low_in, reduce_op::mean);
+      } else {
+        unit.reduction = shard_group.reduce_scatter_into(out, unit.full_grad, reduce_op::mean);
+      }
       ++counters.reduce_scatters;
     } else {
-      unit.reduction = replicate_group.all_reduce_async(unit.grad_shard, reduce_op::mean);
+      if (low) {
+        unit.low_out = unit.grad_shard.to(*reduce_dtype);
+        unit.reduction = replicate_group.all_reduce_async(unit.low_out, reduce_op::mean);
+      } else {
+        unit.reduction = replicate_group.all_reduce_async(unit.grad_shard, reduce_op::mean);
+      }
       ++counters.all_reduces;
     }
     unit.reduction_pending = true;
@@ -335,6 +366,13 @@ struct fsdp_engine::impl {
     if (!unit.reduction_pending) return;
     unit.reduction.wait();
     unit.reduction_pending = false;
+    if (unit.low_out.defined()) {
+      // Reduced in reduce_dtype: back into the gradients' dtype.
+      at::Tensor target = sharded() && unit.had_grad ? unit.reduced : unit.grad_shard;
+      target.copy_(unit.low_out);
+      unit.low_in = at::Tensor();
+      unit.low_out = at::Tensor();
+    }
     if (sharded()) {
       const at::Tensor& fresh = unit.had_grad ? unit.reduced : unit.grad_shard;
       if (replicate_group.valid()) {
@@ -346,6 +384,7 @@ struct fsdp_engine::impl {
       unit.reduced = at::Tensor();
       free_storage(unit.full_grad);
     }
+    if (offload) to_host(unit.grad_shard, unit.grad_shard);
     unit.grads_live = false;
     for (auto& p : unit.params) {
       if (p.requires_grad) p.param.mutable_grad() = p.grad_shard_view;
@@ -409,10 +448,32 @@ std::string shown_unit(const std::string& name) { return name.empty() ? std::str
 
 // ------------------------------------------------------------------ setup
 fsdp_engine::fsdp_engine(torch::nn::Module& module, comm::process_group& world, const fsdp_options& options,
-                         int ranks_per_node)
+                         int ranks_per_node, std::string_view precision)
     : impl_(std::make_unique<impl>()) {
   impl& self = *impl_;
   self.options = options;
+  // Lightning's mapping (FSDPPrecision.mixed_precision_config), overridden
+  // field by field by the mixed_precision option.
+  if (precision == "bf16-mixed") self.reduce_dtype = at::kBFloat16;
+  if (options.mixed_precision) {
+    const fsdp_mixed_precision& mixed = *options.mixed_precision;
+    if (mixed.reduce_dtype) self.reduce_dtype = mixed.reduce_dtype;
+    for (const auto& p : module.parameters()) {
+      if (mixed.param_dtype && *mixed.param_dtype != p.scalar_type()) {
+        throw configuration_error(
+            std::string("fsdp: mixed_precision.param_dtype = ") + c10::toString(*mixed.param_dtype) +
+            ", but the parameters are " + c10::toString(p.scalar_type()) + " (under precision " +
+            std::string(precision) + "); gathering in another dtype than the parameters' is not built yet: leave "
+            "param_dtype unset, or choose the precision that gives the parameters that dtype (bf16-true)");
+      }
+    }
+    if (mixed.buffer_dtype) {
+      at::NoGradGuard no_grad;
+      for (auto& buffer : module.buffers()) {
+        if (buffer.is_floating_point()) buffer.set_data(buffer.to(*mixed.buffer_dtype));
+      }
+    }
+  }
   const int world_size = world.size();
   const int rank = world.rank();
 
@@ -580,6 +641,11 @@ fsdp_engine::fsdp_engine(torch::nn::Module& module, comm::process_group& world, 
     members[static_cast<std::size_t>(chosen)].push_back(&o);
   }
 
+  self.offload = options.cpu_offload;
+  for (const auto& p : module.parameters()) {
+    self.compute_device = p.device();
+    break;
+  }
   if (options.cpu_offload) {
     for (const auto& p : module.parameters()) {
       if (!p.device().is_cpu()) {

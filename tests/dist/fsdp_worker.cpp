@@ -14,6 +14,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <tuple>
 #include <typeindex>
 
 namespace {
@@ -91,6 +92,106 @@ void law_variants() {
                                .forward_prefetch = false,
                                .backward_prefetch = false}));
     laws::law_equivalence(fabric, make_net, "FULL_SHARD, activation checkpointing, prefetch off");
+  }
+}
+
+// fsdp_cpu_offload: the offload schedule moves each parameter shard to the
+// compute device for every gather and each reduced gradient shard back; on
+// cpu the moves are the identity, and training equals fsdp without offload,
+// bit for bit.
+void law_cpu_offload() {
+  constexpr int steps = 5;
+  auto train = [](auto fabric_tag) {
+    using F = typename decltype(fabric_tag)::type;
+    F fabric;
+    const int r = fabric.global_rank();
+    const int64_t local = global_batch / fabric.world_size();
+    auto net = make_net();
+    torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
+    auto [model, optimizer] = fabric.setup(net, adam);
+    for (int step = 0; step < steps; ++step) {
+      optimizer.zero_grad();
+      fabric.backward(torch::nn::functional::cross_entropy(model(global_inputs(step).narrow(0, r * local, local)),
+                                                           global_targets(step).narrow(0, r * local, local)));
+      optimizer.step();
+    }
+    const auto counters = model.session().state()->counters();
+    const auto units = model.session().state()->units().size();
+    return std::make_tuple(laws::flat(laws::full_parameters(model, net)), counters, units);
+  };
+  struct plain { using type = fsdp_fabric; };
+  struct offloaded { using type = loom::Fabric<loom::cpu, loom::fsdp_cpu_offload, loom::fp32>; };
+  const auto [reference, plain_counts, units] = train(plain{});
+  const auto [result, counts, same_units] = train(offloaded{});
+  LAW_EXPECT(torch::equal(reference, result), "cpu offload changes training by %.3g",
+             (reference - result).abs().max().item<double>());
+  LAW_EXPECT(plain_counts.offload_to_device == 0 && plain_counts.offload_to_host == 0, "fsdp without offload moves nothing");
+  LAW_EXPECT(counts.offload_to_device == counts.all_gathers && counts.offload_to_host == counts.reduce_scatters,
+             "every gather moved a parameter shard (%llu moves, %llu gathers) and every reduction a gradient shard "
+             "(%llu, %llu)", static_cast<unsigned long long>(counts.offload_to_device),
+             static_cast<unsigned long long>(counts.all_gathers), static_cast<unsigned long long>(counts.offload_to_host),
+             static_cast<unsigned long long>(counts.reduce_scatters));
+  if (laws::rank_for_messages == 0) {
+    std::printf("law (cpu offload): %llu shard moves to the device and %llu back over %d steps of %zu units "
+                "(%.1f and %.1f per unit per step); bit for bit as without offload\n",
+                static_cast<unsigned long long>(counts.offload_to_device),
+                static_cast<unsigned long long>(counts.offload_to_host), steps, units,
+                static_cast<double>(counts.offload_to_device) / (steps * units),
+                static_cast<double>(counts.offload_to_host) / (steps * units));
+    std::fflush(stdout);
+  }
+}
+
+// bf16-mixed (Lightning's mapping: parameters fp32 under bf16 autocast,
+// gradients reduced in bf16) against loom's DDP under the same precision,
+// which computes the same per-rank gradients and reduces them in fp32: one
+// process is not the reference here, since bf16 matmuls over half the rows
+// round differently from one over all of them (measured: 0.07 apart after 20
+// Adam steps with FSDP reducing in fp32 too). SGD (lr 0.1), so the update is
+// lr x the gradient: reducing in bf16 rounds each averaged gradient once
+// (relative 2^-9), 20 steps x 0.1 x |g| (< 0.5) x 2^-9 ~ 2e-3 at most; the
+// tolerance is 2e-3 absolute. With mixed_precision.reduce_dtype = float32,
+// FSDP and DDP differ only in the order of fp32 additions (1e-5).
+void law_bf16_mixed() {
+  auto train = [](auto& fabric) {
+    const int r = fabric.global_rank();
+    const int64_t local = global_batch / fabric.world_size();
+    auto net = make_net();
+    torch::optim::SGD sgd(net->parameters(), 0.1);
+    auto [model, optimizer] = fabric.setup(net, sgd);
+    for (int step = 0; step < 20; ++step) {
+      optimizer.zero_grad();
+      fabric.backward(torch::nn::functional::cross_entropy(model(global_inputs(step).narrow(0, r * local, local)),
+                                                           global_targets(step).narrow(0, r * local, local)));
+      optimizer.step();
+    }
+    return laws::flat(laws::full_parameters(model, net));
+  };
+  at::Tensor reference;
+  {
+    const char* cli = std::getenv("LT_CLI_USED");
+    const std::string kept = cli ? cli : "";
+    ::unsetenv("LT_CLI_USED");  // a DDP Fabric beside loom-run's --strategy fsdp
+    loom::Fabric<loom::cpu, loom::ddp, loom::bf16_mixed> ddp;
+    if (!kept.empty()) ::setenv("LT_CLI_USED", kept.c_str(), 1);
+    reference = train(ddp);
+  }
+  loom::Fabric<loom::cpu, loom::fsdp, loom::bf16_mixed> bf16_reduce;
+  const auto low = train(bf16_reduce);
+  loom::Fabric<loom::cpu, loom::fsdp, loom::bf16_mixed> fp32_reduce(
+      {}, loom::fsdp(loom::fsdp_options{.mixed_precision = loom::fsdp_mixed_precision{.reduce_dtype = at::kFloat}}));
+  const auto high = train(fp32_reduce);
+  const double low_difference = (low - reference).abs().max().item<double>();
+  const double high_difference = (high - reference).abs().max().item<double>();
+  LAW_EXPECT(low_difference <= 2e-3, "bf16-mixed FSDP (bf16 reduction) differs from DDP by %.3g", low_difference);
+  LAW_EXPECT(high_difference <= 1e-5, "bf16-mixed FSDP with an fp32 reduction differs from DDP by %.3g",
+             high_difference);
+  LAW_EXPECT(low_difference > 0, "the bf16 reduction changed nothing: was it used?");
+  if (laws::rank_for_messages == 0) {
+    std::printf("law (bf16-mixed): after 20 SGD steps, max |fsdp - ddp| = %.3g with gradients reduced in bf16 "
+                "(tolerance 2e-3), %.3g with mixed_precision.reduce_dtype = float32 (tolerance 1e-5)\n",
+                low_difference, high_difference);
+    std::fflush(stdout);
   }
 }
 
@@ -388,6 +489,9 @@ void law_reshard(const std::string& from) {
   auto net = make_net();
   torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
   auto [model, optimizer] = fabric.setup(net, adam);
+  // The full save of the same state, from 2 ranks, on this many.
+  fabric.load(from + ".full", {{"model", model}, {"optimizer", optimizer}});
+  compare(laws::full_parameters(model, net), "fsdp, full checkpoint");
   auto rest = fabric.load(from, {{"model", model}, {"optimizer", optimizer}});
   compare(laws::full_parameters(model, net), "fsdp");
   LAW_EXPECT(rest.get<int>("step") == 6, "the step entry came back as %d", rest.get<int>("step"));
@@ -405,7 +509,8 @@ void law_reshard(const std::string& from) {
     std::vector<at::Tensor> got;
     for (const auto& p : fresh->parameters()) got.push_back(p.detach());
     compare(got, "single_device");
-    std::printf("law (reshard): the sharded checkpoint %s loads on %d ranks and on single_device, bit for bit\n",
+    std::printf("law (reshard): the sharded checkpoint %s (and the full one of the same state) loads on %d ranks "
+                "and on single_device, bit for bit\n",
                 from.c_str(), fabric.world_size());
     std::fflush(stdout);
   }
@@ -471,6 +576,8 @@ int main(int argc, char** argv) {
       law_strategies({sharding_strategy::full_shard, sharding_strategy::shard_grad_op, sharding_strategy::no_shard});
       law_variants();
       law_checkpoint_rng();
+      law_cpu_offload();
+      law_bf16_mixed();
       law_accumulation();
       law_tied();
       law_full_checkpoint();
@@ -478,6 +585,8 @@ int main(int argc, char** argv) {
     } else if (scenario == "laws_short") {
       law_strategies({sharding_strategy::full_shard, sharding_strategy::shard_grad_op, sharding_strategy::no_shard});
       law_full_checkpoint();
+    } else if (scenario == "bf16") {
+      law_bf16_mixed();
     } else if (scenario == "reshard") {
       law_reshard(test_dir() + "/sharded_2");
     } else if (scenario == "save_forever") {

@@ -48,6 +48,7 @@ struct strategy_environment {
   c10::Device (*device_of)(const device_selection&, int local_rank) = nullptr;
   std::string_view accelerator;
   std::string_view strategy;
+  std::string_view precision;  // the Fabric's precision (sharded strategies choose their dtypes from it)
   int num_nodes = 1;
 };
 

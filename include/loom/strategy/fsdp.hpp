@@ -10,6 +10,7 @@
 #include <loom/strategy/unit.hpp>
 
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -47,10 +48,16 @@ struct fsdp : parallel {
             .timeout = options.timeout, .backend = options.process_group_backend, .launcher = options.launcher}),
         options_(std::move(options)) {}
 
+  void setup_environment(const strategy_environment& environment) {
+    parallel::setup_environment(environment);
+    precision_ = std::string(environment.precision.empty() ? "32-true" : environment.precision);
+  }
+
   module_state setup_module(torch::nn::Module& module, bool move_to_device = true) {
     comm::process_group& world = this->group();
     if (move_to_device) module.to(this->device_);
-    auto engine = std::make_shared<detail::fsdp_engine>(module, world, options_, runtime().local_world_size());
+    auto engine =
+        std::make_shared<detail::fsdp_engine>(module, world, options_, runtime().local_world_size(), precision_);
     engines_.push_back(engine);
     return engine;
   }
@@ -92,6 +99,8 @@ struct fsdp : parallel {
         total.reduce_scatters += c.reduce_scatters;
         total.all_reduces += c.all_reduces;
         total.prefetches += c.prefetches;
+        total.offload_to_device += c.offload_to_device;
+        total.offload_to_host += c.offload_to_host;
       }
     }
     return total;
@@ -175,6 +184,7 @@ struct fsdp : parallel {
   }
 
   fsdp_options options_;
+  std::string precision_ = "32-true";
   std::vector<std::weak_ptr<detail::fsdp_engine>> engines_;
 };
 

@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace torch::nn {
@@ -46,14 +47,18 @@ struct fsdp_counters {
   std::uint64_t reduce_scatters = 0;  // gradient reductions over the shard group
   std::uint64_t all_reduces = 0;      // gradient reductions over the replicate group
   std::uint64_t prefetches = 0;       // gathers issued ahead of the unit's use
+  std::uint64_t offload_to_device = 0;  // cpu_offload: a parameter shard moved to the compute device for a gather
+  std::uint64_t offload_to_host = 0;    // cpu_offload: a reduced gradient shard moved back to the host
 };
 
 class fsdp_engine {
  public:
   // Collective over world: every rank builds the same units. shard_size is
   // the size of the shard group (the replicate group is world / shard_size).
+  // precision: the Fabric's ("bf16-mixed" reduces gradients in bf16 unless
+  // options.mixed_precision says otherwise).
   fsdp_engine(torch::nn::Module& module, comm::process_group& world, const fsdp_options& options,
-              int ranks_per_node);
+              int ranks_per_node, std::string_view precision = "32-true");
   fsdp_engine(const fsdp_engine&) = delete;
   fsdp_engine& operator=(const fsdp_engine&) = delete;
   ~fsdp_engine();

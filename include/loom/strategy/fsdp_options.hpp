@@ -6,6 +6,8 @@
 #include <loom/comm/capabilities.hpp>
 #include <loom/launch/launcher_kind.hpp>
 
+#include <c10/core/ScalarType.h>
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -71,6 +73,22 @@ enum class state_dict_type {
   full,     // one file, gathered by rank 0: loads into single_device, ddp or fsdp of any size
 };
 
+// Lightning's mixed_precision= (torch's MixedPrecision). Unset fields follow
+// the Fabric's precision as Lightning maps it (FSDPPrecision.
+// mixed_precision_config): bf16-mixed reduces gradients in bf16 (parameters
+// fp32, computed under bf16 autocast); bf16-true and 32-true keep the
+// parameters' dtype throughout.
+struct fsdp_mixed_precision {
+  // Gathering in another dtype than the parameters' is not built yet: when
+  // set, it must equal the parameters' dtype.
+  std::optional<c10::ScalarType> param_dtype;
+  // The dtype gradients are reduced in (bf16 halves the bytes; on Gloo it
+  // travels as float16 bits and is summed in fp32, rounded once).
+  std::optional<c10::ScalarType> reduce_dtype;
+  // Buffers (batch-norm statistics) converted at setup.
+  std::optional<c10::ScalarType> buffer_dtype;
+};
+
 struct fsdp_options {
   sharding_strategy strategy = sharding_strategy::full_shard;  // Lightning: sharding_strategy="FULL_SHARD"
   auto_wrap_policy wrap_policy;                                // Lightning: auto_wrap_policy
@@ -90,6 +108,7 @@ struct fsdp_options {
   // Parameters and buffers are made equal to rank 0's at setup (torch:
   // sync_module_states), as DDP does.
   bool sync_module_states = true;
+  std::optional<fsdp_mixed_precision> mixed_precision;  // Lightning: mixed_precision
   std::chrono::milliseconds timeout = std::chrono::minutes(30);
   comm::backend process_group_backend = comm::backend::gloo;
   launcher_kind launcher = launcher_kind::subprocess;
