@@ -292,7 +292,10 @@ checkpoint_contents detail::parse_checkpoint(const std::vector<char>& bytes, con
 }
 
 state load_checkpoint(const std::string& path, const state& target, bool strict) {
-  checkpoint_contents contents = is_sharded_checkpoint(path) ? read_sharded_checkpoint(path) : read_checkpoint(path);
+  // A directory is a sharded checkpoint (read_sharded_checkpoint says what is missing when it is not one).
+  std::error_code ec;
+  checkpoint_contents contents =
+      fs::is_directory(path, ec) ? read_sharded_checkpoint(path) : read_checkpoint(path);
 
   // 1. Validate everything; nothing changes yet.
   const detail::parameter_names names = names_of(target);

@@ -233,6 +233,14 @@ void save_sharded_checkpoint(const std::string& path, const state& state, const 
       files.push_back(file);
     }
     entries.insert(files_key, files);
+    // The non-module state (Lightning's meta.pt role): what is neither a
+    // module nor an optimizer (the rank files hold it too; loads read rank 0's).
+    const detail::parameter_names no_names;
+    for (const auto& entry : state.entries()) {
+      if (entry.io().module() == nullptr && entry.io().optimizer() == nullptr) {
+        entries.insert(entry.name(), entry.io().save(nullptr, no_names));
+      }
+    }
     write_file_atomically((staged / meta_file).string(), detail::write_torch_archive(entries));
     publish_directory(staged.string(), path);
   }

@@ -26,6 +26,20 @@ expect_contains "$WORK/consolidate" "loom-consolidate: wrote" "loom-run consolid
   > "$WORK/compare" 2>&1 || { fail "consolidated differs from the full save"; cat "$WORK/compare"; }
 expect_contains "$WORK/compare" "entries equal" "consolidate equals the full save tensor for tensor (Python's torch.load)"
 
+# Damaged copies are refused, naming the file, with nothing changed.
+damage() {  # damage NAME HOW EXPECTED
+  rm -rf "$WORK/damaged_$1" && cp -r "$WORK/sharded_2" "$WORK/damaged_$1" && eval "$2"
+  "$FSDP_WORKER" load_damaged "$WORK/damaged_$1" "$3" "$MARK" > "$WORK/damaged_$1.txt" 2>&1 ||
+    { fail "damaged ($1)"; cat "$WORK/damaged_$1.txt"; }
+}
+damage missing 'rm "$WORK/damaged_missing/shard_1_of_2.pt"' "is missing shard_1_of_2.pt"
+damage truncated 'truncate -s -100 "$WORK/damaged_truncated/shard_0_of_2.pt"' "shard_0_of_2.pt: has"
+damage flipped 'printf "\377" | dd of="$WORK/damaged_flipped/shard_1_of_2.pt" bs=1 seek=2000 conv=notrunc 2>/dev/null' \
+  "shard_1_of_2.pt: does not match the CRC32"
+damage torn 'rm "$WORK/damaged_torn/meta.pt"' "without meta.pt"
+cat "$WORK"/damaged_*.txt | sed "s/^/  /"
+[ "$failed" -eq 0 ] && pass "damaged sharded checkpoints (rank file missing, truncated, corrupted; meta.pt missing) are refused naming the file, nothing changed"
+
 # kill -9 of a rank while it saves sharded checkpoints in a loop: what the
 # path holds afterwards is a complete checkpoint (the old or the new one).
 interrupted=0

@@ -80,6 +80,11 @@ void law_variants() {
     laws::law_equivalence(fabric, make_plain, "FULL_SHARD, auto_wrap_policy {Linear}");
     // Every Linear became a unit of its own (the root keeps nothing).
   }
+  {
+    // torch's size_based_auto_wrap_policy: fc1 and fc2 (>= 500 parameters) become units, fc3 (132) stays in the root.
+    fsdp_fabric fabric({}, loom::fsdp(loom::fsdp_options{.wrap_policy = loom::auto_wrap_policy::size_based(500)}));
+    laws::law_equivalence(fabric, make_plain, "FULL_SHARD, auto_wrap_policy size_based(500)");
+  }
   using checkpointed = loom::unit_impl<torch::nn::Linear>;
   {
     fsdp_fabric fabric({}, loom::fsdp(loom::fsdp_options{
@@ -531,6 +536,28 @@ void save_forever() {
   }
 }
 
+// A damaged copy of a sharded checkpoint (a rank file missing, truncated or
+// corrupted, or meta.pt missing) is refused with an error naming the file,
+// and the model and optimizer are unchanged. Prints the error.
+int load_damaged(const std::string& path, const std::string& expected) {
+  loom::Fabric<loom::cpu, loom::single_device> single;
+  auto net = make_net();
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
+  auto [model, optimizer] = single.setup(net, adam);
+  const auto before = laws::flat_of(net);
+  try {
+    single.load(path, {{"model", model}, {"optimizer", optimizer}});
+    std::printf("load_damaged: %s loaded, but it is damaged\n", path.c_str());
+    return 1;
+  } catch (const loom::checkpoint_error& error) {
+    const bool named = std::string(error.what()).find(expected) != std::string::npos;
+    const bool unchanged = torch::equal(laws::flat_of(net), before) && adam.state().empty();
+    std::printf("load_damaged: %s (names %s: %s; model and optimizer unchanged: %s)\n", error.what(),
+                expected.c_str(), named ? "yes" : "no", unchanged ? "yes" : "no");
+    return named && unchanged ? 0 : 1;
+  }
+}
+
 // The kill test's check: what PATH holds loads, complete, into single_device.
 int load_check(const std::string& path) {
   try {
@@ -551,6 +578,7 @@ int load_check(const std::string& path) {
 
 int main(int argc, char** argv) {
   if (argc > 2 && std::string(argv[1]) == "load_check") return load_check(argv[2]);
+  if (argc > 3 && std::string(argv[1]) == "load_damaged") return load_damaged(argv[2], argv[3]);
   const std::string scenario = argc > 1 ? argv[1] : "laws";
   const int devices = argc > 2 ? std::atoi(argv[2]) : 2;
   try {
