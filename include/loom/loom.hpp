@@ -39,6 +39,7 @@
 #include <loom/strategy/fsdp.hpp>
 #include <loom/strategy/fsdp_engine.hpp>
 #include <loom/strategy/fsdp_options.hpp>
+#include <loom/strategy/no_sync_guard.hpp>
 #include <loom/strategy/unit.hpp>
 #include <loom/strategy/distributed_runtime.hpp>
 #include <loom/strategy/parallel.hpp>

@@ -1,6 +1,8 @@
 // DDP's laws on real processes, each rank fed different data. Started by
 // fabric.launch() (`ddp_worker laws 2`) or by loom-run; exit status 0 when
 // every check passed on this rank.
+#include "strategy_laws.hpp"
+
 #include <loom/loom.hpp>
 
 #include <torch/nn/functional/activation.h>
@@ -268,11 +270,7 @@ void law_checkpoint(ddp_fabric& fabric) {
   const auto trained = flat_parameters(net);
   if (r == 0) {
     // Another program, in effect: one that loom-run did not start.
-    const char* cli = std::getenv("LT_CLI_USED");
-    const std::string saved = cli ? cli : "";
-    ::unsetenv("LT_CLI_USED");
-    loom::Fabric<loom::cpu, loom::single_device> single;
-    if (!saved.empty()) ::setenv("LT_CLI_USED", saved.c_str(), 1);
+    auto single = laws::outside_launcher<loom::Fabric<loom::cpu, loom::single_device>>();
     at::manual_seed(7);
     Net fresh;
     auto fresh_model = single.setup(fresh);

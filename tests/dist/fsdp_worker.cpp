@@ -174,11 +174,8 @@ void law_bf16_mixed() {
   };
   at::Tensor reference;
   {
-    const char* cli = std::getenv("LT_CLI_USED");
-    const std::string kept = cli ? cli : "";
-    ::unsetenv("LT_CLI_USED");  // a DDP Fabric beside loom-run's --strategy fsdp
-    loom::Fabric<loom::cpu, loom::ddp, loom::bf16_mixed> ddp;
-    if (!kept.empty()) ::setenv("LT_CLI_USED", kept.c_str(), 1);
+    // A DDP Fabric beside loom-run's --strategy fsdp.
+    auto ddp = laws::outside_launcher<loom::Fabric<loom::cpu, loom::ddp, loom::bf16_mixed>>();
     reference = train(ddp);
   }
   loom::Fabric<loom::cpu, loom::fsdp, loom::bf16_mixed> bf16_reduce;
@@ -396,11 +393,7 @@ void law_full_checkpoint() {
   const auto continued = laws::flat(laws::full_parameters(model, net));
 
   if (r == 0) {
-    const char* cli = std::getenv("LT_CLI_USED");
-    const std::string kept = cli ? cli : "";
-    ::unsetenv("LT_CLI_USED");
-    loom::Fabric<loom::cpu, loom::single_device> single;
-    if (!kept.empty()) ::setenv("LT_CLI_USED", kept.c_str(), 1);
+    auto single = laws::outside_launcher<loom::Fabric<loom::cpu, loom::single_device>>();
     at::manual_seed(7);
     Net fresh;
     torch::optim::Adam fresh_adam(fresh->parameters(), torch::optim::AdamOptions(1e-2));
@@ -502,11 +495,7 @@ void law_reshard(const std::string& from) {
   LAW_EXPECT(rest.get<int>("step") == 6, "the step entry came back as %d", rest.get<int>("step"));
   train_steps(fabric, model, optimizer, 6, 8);  // the loaded optimizer state has the shards' shapes
   if (fabric.global_rank() == 0) {
-    const char* cli = std::getenv("LT_CLI_USED");
-    const std::string kept = cli ? cli : "";
-    ::unsetenv("LT_CLI_USED");
-    loom::Fabric<loom::cpu, loom::single_device> single;
-    if (!kept.empty()) ::setenv("LT_CLI_USED", kept.c_str(), 1);
+    auto single = laws::outside_launcher<loom::Fabric<loom::cpu, loom::single_device>>();
     auto fresh = make_net();
     torch::optim::Adam fresh_adam(fresh->parameters(), torch::optim::AdamOptions(1e-2));
     auto [fresh_model, fresh_optimizer] = single.setup(fresh, fresh_adam);

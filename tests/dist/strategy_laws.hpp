@@ -12,6 +12,7 @@
 #include <torch/optim/adam.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <string>
@@ -32,6 +33,25 @@ inline int rank_for_messages = -1;
   } while (0)
 
 constexpr int64_t global_batch = 32;
+
+// Builds a Fabric that loom-run's flags do not describe (single_device in
+// one rank, a second strategy beside the launched one): loom-run's check of
+// the Fabric against its flags (LT_CLI_USED) is lifted while it is built.
+template <class F, class... Args>
+F outside_launcher(Args&&... args) {
+  struct lifted {
+    std::string kept;
+    lifted() {
+      const char* cli = std::getenv("LT_CLI_USED");
+      kept = cli ? cli : "";
+      ::unsetenv("LT_CLI_USED");
+    }
+    ~lifted() {
+      if (!kept.empty()) ::setenv("LT_CLI_USED", kept.c_str(), 1);
+    }
+  } guard;
+  return F(std::forward<Args>(args)...);
+}
 
 inline at::Tensor global_inputs(int step) {
   auto generator = at::detail::createCPUGenerator(1000 + step);

@@ -6,6 +6,7 @@
 
 #include <loom/compat.hpp>
 #include <loom/strategy/ddp_engine.hpp>
+#include <loom/strategy/no_sync_guard.hpp>
 #include <loom/strategy/parallel.hpp>
 
 #include <cstdint>
@@ -17,20 +18,7 @@ namespace loom {
 
 // The guard of fabric.no_backward_sync under DDP: backward passes inside it
 // accumulate gradients locally; the next synced one reduces the sum.
-class [[nodiscard("a guard acts only while it lives: name it (auto guard = ...)")]] ddp_no_sync_guard {
- public:
-  ddp_no_sync_guard(detail::ddp_engine& engine, bool enabled)
-      : engine_(&engine), previous_(engine.sync_enabled()) {
-    if (enabled) engine.set_sync_enabled(false);
-  }
-  ddp_no_sync_guard(const ddp_no_sync_guard&) = delete;
-  ddp_no_sync_guard& operator=(const ddp_no_sync_guard&) = delete;
-  ~ddp_no_sync_guard() { engine_->set_sync_enabled(previous_); }
-
- private:
-  detail::ddp_engine* engine_;
-  bool previous_;
-};
+using ddp_no_sync_guard = no_sync_guard<detail::ddp_engine>;
 
 struct ddp : parallel {
   static constexpr std::string_view name = "ddp";

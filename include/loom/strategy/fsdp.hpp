@@ -6,6 +6,7 @@
 
 #include <loom/strategy/fsdp_engine.hpp>
 #include <loom/strategy/fsdp_options.hpp>
+#include <loom/strategy/no_sync_guard.hpp>
 #include <loom/strategy/parallel.hpp>
 #include <loom/strategy/unit.hpp>
 
@@ -20,19 +21,7 @@ namespace loom {
 // backward passes inside it keep each unit's gradients unsharded and
 // unreduced (one full gradient buffer per unit stays allocated: the memory
 // of a DDP gradient); the next synced backward reduce-scatters the sum.
-class [[nodiscard("a guard acts only while it lives: name it (auto guard = ...)")]] fsdp_no_sync_guard {
- public:
-  fsdp_no_sync_guard(detail::fsdp_engine& engine, bool enabled) : engine_(&engine), previous_(engine.sync_enabled()) {
-    if (enabled) engine.set_sync_enabled(false);
-  }
-  fsdp_no_sync_guard(const fsdp_no_sync_guard&) = delete;
-  fsdp_no_sync_guard& operator=(const fsdp_no_sync_guard&) = delete;
-  ~fsdp_no_sync_guard() { engine_->set_sync_enabled(previous_); }
-
- private:
-  detail::fsdp_engine* engine_;
-  bool previous_;
-};
+using fsdp_no_sync_guard = no_sync_guard<detail::fsdp_engine>;
 
 struct fsdp : parallel {
   static constexpr std::string_view name = "fsdp";
