@@ -1,7 +1,8 @@
 // The program behind bench/fsdp_vs_ddp.sh: training steps of MLP
 // 784-1024-1024-1024-10 (batch 64 per rank, Adam, fp32, Gloo on loopback)
 // under FSDP FULL_SHARD (prefetch on and off), SHARD_GRAD_OP and loom's DDP
-// (its two-rank pairwise exchange on), interleaved in blocks of 10 steps so
+// (its two-rank pairwise exchange on) -- or, with LOOM_BENCH_SET=zero, ZeRO
+// stages 1, 2 and 3 and DDP (bench/zero_vs_torch.sh) -- interleaved in blocks of 10 steps so
 // that the machine's noise falls on all of them alike. Rank 0 prints one
 // line per measured step: config=NAME step_ms forward_ms backward_ms
 // optimizer_ms (zero_grad is in forward_ms); then compute_ms lines, the same
@@ -79,10 +80,25 @@ int main(int argc, char** argv) {
   // The other configurations join the same processes: loom-run's --strategy
   // names the first one, so its check is lifted for the others.
   ::unsetenv("LT_CLI_USED");
-  // LOOM_BENCH_ONLY=NAME runs one configuration alone (to see what interleaving costs).
+  // LOOM_BENCH_ONLY=NAME runs one configuration alone (to see what interleaving costs);
+  // LOOM_BENCH_SET=zero runs ZeRO stages 1, 2 and 3 and DDP (bench/zero_vs_torch.sh).
   const char* only = std::getenv("LOOM_BENCH_ONLY");
-  auto wanted = [only](const char* name) { return only == nullptr || std::string(only) == name; };
+  const char* set = std::getenv("LOOM_BENCH_SET");
+  const bool zero_set = set != nullptr && std::string(set) == "zero";
+  auto wanted = [only, zero_set](const char* name) {
+    const bool zero = std::string(name).rfind("zero", 0) == 0;
+    if (only != nullptr) return std::string(only) == name;
+    return zero_set ? zero || std::string(name) == "ddp" : !zero;
+  };
   std::vector<runner> runners;
+  using zero_fabric = loom::Fabric<loom::cpu, loom::deepspeed, loom::fp32>;
+  for (int stage : {1, 2, 3}) {
+    const std::string name = "zero" + std::to_string(stage);
+    if (!wanted(name.c_str())) continue;
+    auto zero = std::make_shared<zero_fabric>(loom::fabric_options{},
+                                              loom::deepspeed(loom::deepspeed_options{.stage = stage}));
+    runners.push_back(make_runner(name, zero, inputs, targets));
+  }
   if (wanted("full_shard")) runners.push_back(make_runner("full_shard", full, inputs, targets));
   if (wanted("full_shard_no_prefetch")) {
     auto no_prefetch = std::make_shared<fsdp_fabric>(

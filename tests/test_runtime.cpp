@@ -297,3 +297,116 @@ TEST_CASE("users register their own names; an existing name needs the override f
   // The connector knows the new name (and lists it when a name is unknown).
   CHECK_THROWS_WITH(loom::make_fabric({.strategy = "nope"}), Catch::Contains("my_single"));
 }
+
+namespace {
+// The error resolving a DeepSpeed config (JSON text) gives, or "(accepted)".
+std::string zero_refusal(const std::string& json, std::string_view precision = "32-true", int world_size = 2) {
+  try {
+    loom::resolve_zero_config(loom::deepspeed_options{.config = json}, precision, world_size);
+  } catch (const loom::configuration_error& error) {
+    return error.what();
+  }
+  return "(accepted)";
+}
+}  // namespace
+
+TEST_CASE("deepspeed: Lightning's defaults, presets and a ds_config.json as DeepSpeed reads it", "[runtime][zero]") {
+  const auto defaults = loom::resolve_zero_config({}, "32-true", 2);
+  CHECK(defaults.stage == 2);
+  CHECK(defaults.offload_optimizer.device == loom::offload_device::none);
+  CHECK(defaults.reduce_bucket_size == 200'000'000);
+  CHECK(defaults.train_micro_batch_size_per_gpu == 1);  // Lightning's setdefault
+  CHECK(defaults.gradient_accumulation_steps == 1);
+  CHECK(defaults.notices.empty());
+  CHECK(defaults.source == "the strategy's arguments");
+  // deepspeed_stage_3_offload: optimizer and parameters to the CPU.
+  const auto offload = loom::resolve_zero_config(
+      loom::deepspeed_options{.stage = 3, .offload_optimizer = true, .offload_parameters = true}, "32-true", 2);
+  CHECK(offload.offload_param.device == loom::offload_device::cpu);
+  CHECK(offload.offload_param.buffer_count == 5);
+  CHECK(offload.offload_optimizer.buffer_count == 4);
+  // A config as DeepSpeed's docs write one: sizes as 5e8, batch sizes derived.
+  const auto config = loom::resolve_zero_config(
+      loom::deepspeed_options{.config = R"({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 8,
+        "gradient_clipping": 1.0, "steps_per_print": 10, "wall_clock_breakdown": false,
+        "zero_optimization": {"stage": 3, "reduce_bucket_size": 5e8, "stage3_max_live_parameters": 1e9,
+        "overlap_comm": true}, "aio": {"block_size": 262144, "queue_depth": 16}})"},
+      "32-true", 2);
+  CHECK(config.stage == 3);
+  CHECK(config.gradient_accumulation_steps == 4);  // 64 / (8 x 2)
+  CHECK(config.reduce_bucket_size == 500'000'000);
+  CHECK(config.aio.queue_depth == 16);
+  CHECK(config.source == "a config object");
+  CHECK(config.notices.size() == 3);  // steps_per_print, wall_clock_breakdown, stage3_max_live_parameters
+  // A user config replaces the arguments (as Lightning): stage 0 when it has no zero_optimization.
+  CHECK(loom::resolve_zero_config(loom::deepspeed_options{.stage = 3, .config = "{}"}, "32-true", 2).stage == 0);
+  // The precision adds its section when the config has none.
+  CHECK(loom::resolve_zero_config({}, "bf16-mixed", 2).bf16);
+  CHECK(loom::resolve_zero_config({}, "16-mixed", 2).fp16.initial_scale_power == 16);
+}
+
+TEST_CASE("deepspeed: bad configs name the key, the value and what is accepted", "[runtime][zero]") {
+  CHECK_THAT(zero_refusal(R"({"zero_optimization": {"stage": 2, "bucket_size": 5}})"),
+             Catch::Contains("unknown key 'zero_optimization.bucket_size'") &&
+                 Catch::Contains("reduce_bucket_size"));
+  CHECK_THAT(zero_refusal(R"({"train_batch_sise": 8})"),
+             Catch::Contains("unknown key 'train_batch_sise'") && Catch::Contains("train_batch_size"));
+  CHECK_THAT(zero_refusal(R"({"zero_optimization": {"stage": "2"}})"),
+             Catch::Contains("'zero_optimization.stage' = \"2\" is not an integer"));
+  CHECK_THAT(zero_refusal(R"({"zero_optimization": {"stage": 4}})"),
+             Catch::Contains("'zero_optimization.stage' = 4 is not a ZeRO stage: 0, 1, 2 or 3"));
+  CHECK_THAT(zero_refusal(R"({"gradient_accumulation_steps": "auto"})"),
+             Catch::Contains("\"auto\" is a Hugging Face Trainer convention that DeepSpeed itself rejects"));
+  CHECK_THAT(zero_refusal(R"({"zero_optimization": {"overlap_comm": 1}})"),
+             Catch::Contains("'zero_optimization.overlap_comm' = 1 is not true or false"));
+  CHECK_THAT(zero_refusal(R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4,
+                              "gradient_accumulation_steps": 2})"),
+             Catch::Contains("train_batch_size = 30 must equal") && Catch::Contains("4 x 2 x 2 = 16"));
+  CHECK_THAT(zero_refusal(R"({"optimizer": {"type": "Adam", "params": {"lr": 0.001}}})"),
+             Catch::Contains("'optimizer'") && Catch::Contains("pass a torch::optim optimizer to fabric.setup"));
+  CHECK_THAT(zero_refusal(R"({"scheduler": {"type": "WarmupLR"}})"), Catch::Contains("is refused"));
+  CHECK_THAT(zero_refusal(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme",
+                              "nvme_path": "/tmp"}}})"),
+             Catch::Contains("'zero_optimization.offload_optimizer.device' = \"nvme\" needs ZeRO stage 3") &&
+                 Catch::Contains("NVMe offloading is available only with ZeRO stage 3"));
+  CHECK_THAT(zero_refusal(R"({"zero_optimization": {"stage": 1, "offload_param": {"device": "cpu"}}})"),
+             Catch::Contains("'zero_optimization.offload_param.device' = \"cpu\" needs ZeRO stage 3"));
+  CHECK_THAT(zero_refusal(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})"),
+             Catch::Contains("'zero_optimization.offload_param.nvme_path' is missing"));
+  CHECK_THAT(zero_refusal(R"({"bf16": {"enabled": true}})"),
+             Catch::Contains("'bf16.enabled' is true but the Fabric's precision is 32-true"));
+  CHECK_THAT(zero_refusal(R"({"zero_optimization": {"stage": 2})"), Catch::Contains("is not valid JSON"));
+  CHECK_THROWS_WITH(loom::resolve_zero_config({.config = "/no/such/ds_config.json"}, "32-true", 2),
+                    Catch::Contains("the path does not exist: /no/such/ds_config.json"));
+}
+
+TEST_CASE("deepspeed through make_fabric: one optimizer, set up with the module", "[runtime][zero]") {
+  using zero3 = loom::Fabric<loom::cpu, loom::deepspeed_stage_3, loom::fp32>;
+  auto fabric = loom::make_fabric(
+      {.strategy = "deepspeed_stage_3", .strategy_options = R"({"config": {"zero_optimization": {"stage": 3},
+        "gradient_accumulation_steps": 2}})", .devices = 1});
+  REQUIRE(fabric.target<zero3>() != nullptr);
+  CHECK(fabric.target<zero3>()->strategy().config().gradient_accumulation_steps == 2);
+  CHECK(fabric.target<zero3>()->strategy().config().source == "a config object");
+  loom_test::Mlp net(4, 8, 2);
+  torch::optim::SGD first(net->parameters(), 0.1);
+  torch::optim::SGD second(net->parameters(), 0.1);
+  CHECK_THROWS_WITH(fabric.setup_module(net), Catch::Contains("sets up the module and its optimizers together"));
+  CHECK_THROWS_WITH(fabric.setup(net, first, second), Catch::Contains("exactly one optimizer"));
+  CHECK_THROWS_WITH(loom::make_fabric({.strategy = "deepspeed", .strategy_options = R"({"stage": 4})", .devices = 1}),
+                    Catch::Contains("option 'stage' = 4 is not accepted: expected an integer from 0 to 3"));
+  CHECK_THROWS_WITH(
+      loom::make_fabric({.strategy = "deepspeed", .strategy_options = R"({"config": {"zero_optimization":
+        {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}}})", .devices = 1}),
+      Catch::Contains("NVMe offloading is available only with ZeRO stage 3"));
+  // One optimizer: accumulation over two micro-batches, and no_backward_sync beside it refused.
+  auto [model, optimizer] = fabric.setup(net, first);
+  CHECK_THROWS_WITH(fabric.no_backward_sync(model), Catch::Contains("gradient_accumulation_steps = 2"));
+  const at::Tensor before = net->fc1->weight.detach().clone();
+  for (int micro = 0; micro < 2; ++micro) {
+    optimizer.zero_grad();
+    fabric.backward(model(torch::ones({3, 4})).sum());
+    optimizer.step();
+    CHECK(torch::equal(net->fc1->weight, before) == (micro == 0));  // steps on the boundary only
+  }
+}

@@ -36,9 +36,12 @@
 #include <loom/strategy/collectives.hpp>
 #include <loom/strategy/ddp.hpp>
 #include <loom/strategy/ddp_engine.hpp>
+#include <loom/strategy/deepspeed.hpp>
+#include <loom/strategy/deepspeed_options.hpp>
 #include <loom/strategy/fsdp.hpp>
 #include <loom/strategy/fsdp_engine.hpp>
 #include <loom/strategy/fsdp_options.hpp>
+#include <loom/strategy/zero_config.hpp>
 #include <loom/strategy/no_sync_guard.hpp>
 #include <loom/strategy/unit.hpp>
 #include <loom/strategy/distributed_runtime.hpp>

@@ -124,6 +124,32 @@ void option_reader::read(std::string_view key, std::vector<std::string>& value) 
   value = found->get<std::vector<std::string>>();
 }
 
+void option_reader::read(std::string_view key, std::string& value) {
+  asked_.emplace_back(key);
+  auto found = parsed_->object.find(std::string(key));
+  if (found == parsed_->object.end()) return;
+  if (!found->is_string() || found->get<std::string>().empty()) {
+    throw configuration_error("strategy '" + strategy_ + "': option '" + std::string(key) + "' = " + shown(*found) +
+                              " is not accepted: expected a non-empty string");
+  }
+  value = found->get<std::string>();
+}
+
+void option_reader::read_object_or_path(std::string_view key, std::string& value) {
+  asked_.emplace_back(key);
+  auto found = parsed_->object.find(std::string(key));
+  if (found == parsed_->object.end()) return;
+  if (found->is_object()) {
+    value = found->dump();
+    return;
+  }
+  if (!found->is_string() || found->get<std::string>().empty()) {
+    throw configuration_error("strategy '" + strategy_ + "': option '" + std::string(key) + "' = " + shown(*found) +
+                              " is not accepted: expected a JSON object or the path of a JSON file");
+  }
+  value = found->get<std::string>();
+}
+
 void option_reader::finish() const {
   for (const auto& [key, value] : parsed_->object.items()) {
     if (std::find(asked_.begin(), asked_.end(), key) != asked_.end()) continue;

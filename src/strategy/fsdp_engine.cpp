@@ -153,6 +153,8 @@ struct fsdp_engine::impl {
   fsdp_counters counters;
 
   bool sharded() const noexcept { return shard_size > 1; }
+  // ZeRO-1: the full gradient buffer stays; the shard is its own chunk.
+  bool keeps_gradients() const noexcept { return sharded() && options.keep_full_gradients; }
   bool frees_after_forward(const sharded_unit& unit) const noexcept {
     return sharded() && unit.marker != nullptr && options.strategy != sharding_strategy::shard_grad_op;
   }
@@ -301,13 +303,23 @@ struct fsdp_engine::impl {
     if (!unit.grads_live) {
       unit.had_grad = false;
       for (auto& p : unit.params) unit.had_grad = unit.had_grad || p.param.grad().defined();
+      if (keeps_gradients() && unit.had_grad) {
+        // The shard is a chunk of the buffer zeroed below: the gradients
+        // there are set aside and added back after the reduction.
+        unit.reduced = unit.grad_shard.clone();
+        for (auto& p : unit.params) {
+          if (!p.param.grad().defined() && p.grad_shard_view.numel() > 0) {
+            unit.reduced.narrow(0, p.local_offset - shard_rank * unit.shard_numel, p.grad_shard_view.numel()).zero_();
+          }
+        }
+      }
       if (sharded()) {
         allocate_storage(unit.full_grad, bytes_of(unit.full_grad));
         unit.full_grad.zero_();
       } else if (!unit.had_grad) {
         unit.full_grad.zero_();  // unsharded: the gradient buffer is the shard itself
       }
-      if (unit.had_grad) {
+      if (unit.had_grad && !keeps_gradients()) {
         for (auto& p : unit.params) {
           if (!p.param.grad().defined()) p.grad_shard_view.zero_();
         }
@@ -334,8 +346,11 @@ struct fsdp_engine::impl {
     }
     const bool low = reduce_dtype && *reduce_dtype != unit.grad_shard.scalar_type();
     if (sharded()) {
-      if (unit.had_grad) unit.reduced = at::empty_like(unit.grad_shard);  // added to the gradients there
-      const at::Tensor& out = unit.had_grad ? unit.reduced : unit.grad_shard;
+      // A fresh reduction is added to the gradients there (ZeRO-1 set them
+      // aside at the start of backward and reduces into its chunk).
+      const bool separate = unit.had_grad && !keeps_gradients();
+      if (separate) unit.reduced = at::empty_like(unit.grad_shard);
+      const at::Tensor& out = separate ? unit.reduced : unit.grad_shard;
       if (low) {
         unit.low_in = unit.full_grad.to(*reduce_dtype);
         unit.low_out = at::empty({unit.shard_numel}, unit.low_in.options());
@@ -368,13 +383,13 @@ struct fsdp_engine::impl {
     unit.reduction_pending = false;
     if (unit.low_out.defined()) {
       // Reduced in reduce_dtype: back into the gradients' dtype.
-      at::Tensor target = sharded() && unit.had_grad ? unit.reduced : unit.grad_shard;
+      at::Tensor target = sharded() && unit.had_grad && !keeps_gradients() ? unit.reduced : unit.grad_shard;
       target.copy_(unit.low_out);
       unit.low_in = at::Tensor();
       unit.low_out = at::Tensor();
     }
     if (sharded()) {
-      const at::Tensor& fresh = unit.had_grad ? unit.reduced : unit.grad_shard;
+      const at::Tensor& fresh = unit.had_grad && !keeps_gradients() ? unit.reduced : unit.grad_shard;
       if (replicate_group.valid()) {
         at::Tensor across = fresh;
         replicate_group.all_reduce(across, reduce_op::mean);
@@ -382,7 +397,7 @@ struct fsdp_engine::impl {
       }
       if (unit.had_grad) unit.grad_shard.add_(unit.reduced);
       unit.reduced = at::Tensor();
-      free_storage(unit.full_grad);
+      if (!keeps_gradients()) free_storage(unit.full_grad);
     }
     if (offload) to_host(unit.grad_shard, unit.grad_shard);
     unit.grads_live = false;
@@ -476,6 +491,10 @@ fsdp_engine::fsdp_engine(torch::nn::Module& module, comm::process_group& world, 
   }
   const int world_size = world.size();
   const int rank = world.rank();
+  if (options.keep_full_gradients && options.strategy != sharding_strategy::shard_grad_op) {
+    throw configuration_error("fsdp: keep_full_gradients (ZeRO stage 1) needs sharding_strategy SHARD_GRAD_OP, not " +
+                              std::string(to_string(options.strategy)));
+  }
 
   // The mesh: (replicate, shard).
   int replicate = 1;
@@ -734,7 +753,18 @@ fsdp_engine::fsdp_engine(torch::nn::Module& module, comm::process_group& world, 
       if (!keeps_full) free_storage(unit.full);
       unit.full_grad = at::empty({unit.padded}, options_of);
       for (auto& p : unit.params) p.grad_view = alias(unit.full_grad, p.offset, p.shape);
-      free_storage(unit.full_grad);
+      if (self.keeps_gradients()) {
+        // ZeRO-1: the reduced shard is the buffer's own chunk.
+        unit.full_grad.zero_();
+        unit.grad_shard = unit.full_grad.narrow(0, shard_begin, unit.shard_numel);
+        for (auto& p : unit.params) {
+          const int64_t begin = std::clamp(p.offset, shard_begin, shard_end);
+          const int64_t end = std::clamp(p.offset + p.numel, shard_begin, shard_end);
+          p.grad_shard_view = unit.grad_shard.narrow(0, begin - shard_begin, end - begin);
+        }
+      } else {
+        free_storage(unit.full_grad);
+      }
     } else {
       for (auto& p : unit.params) p.grad_view = alias(unit.full_grad, p.offset, p.shape);
       for (auto& p : unit.params) p.grad_shard_view = p.grad_view;

@@ -1,4 +1,4 @@
-// FSDP's compile-time refusals (fsdp.expect): a precision a sharded strategy
+// FSDP's and ZeRO's compile-time refusals (fsdp.expect): a precision a sharded strategy
 // cannot honour, no_backward_sync where the configuration cannot skip, and a
 // unit holder around something that is not a module.
 #include <loom/loom.hpp>
@@ -18,3 +18,16 @@ struct not_a_module {
   at::Tensor forward(const at::Tensor& x) { return x; }
 };
 void case_unit_of_non_module() { loom::unit<not_a_module> holder{nullptr}; }
+
+// ZeRO sets the module up with its one optimizer (Lightning's rule).
+void case_deepspeed_setup_module_alone() {
+  loom::Fabric<loom::cpu, loom::deepspeed_stage_3> fabric;
+  torch::nn::Linear net(2, 2);
+  auto model = fabric.setup_module(net);
+}
+void case_deepspeed_setup_without_optimizer() {
+  loom::Fabric<loom::cpu, loom::deepspeed> fabric;
+  torch::nn::Linear net(2, 2);
+  auto model = fabric.setup(net);
+}
+void case_deepspeed_fp64() { loom::Fabric<loom::cpu, loom::deepspeed, loom::fp64> fabric; }

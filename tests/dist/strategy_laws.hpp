@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -159,12 +160,18 @@ equivalence_result law_equivalence(F& fabric, Make&& make, const char* what, int
                "%s on %d ranks with batch %ld each differs from one process with batch %ld by %.3g", what, w, local,
                global_batch, result.max_difference);
   };
-  if (build_optimizer_after_setup) {
-    auto model = fabric.setup(net);
-    torch::optim::Adam adam(net->parameters(), options);  // sees the shards
-    auto optimizer = fabric.setup_optimizers(adam);
-    run(model, optimizer);
-  } else {
+  using strategy_type = std::remove_cvref_t<decltype(fabric.strategy())>;
+  bool done = false;
+  if constexpr (!loom::needs_joint_setup<strategy_type>) {  // ZeRO takes both together
+    if (build_optimizer_after_setup) {
+      auto model = fabric.setup(net);
+      torch::optim::Adam adam(net->parameters(), options);  // sees the shards
+      auto optimizer = fabric.setup_optimizers(adam);
+      run(model, optimizer);
+      done = true;
+    }
+  }
+  if (!done) {
     torch::optim::Adam adam(net->parameters(), options);
     auto [model, optimizer] = fabric.setup(net, adam);
     run(model, optimizer);

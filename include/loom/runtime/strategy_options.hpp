@@ -31,6 +31,10 @@ class option_reader {
   void read(std::string_view key, std::string& value, std::initializer_list<std::string_view> accepted);
   // A list of strings (["Linear", "torch::nn::Conv2dImpl"]).
   void read(std::string_view key, std::vector<std::string>& value);
+  // Any non-empty string (a path).
+  void read(std::string_view key, std::string& value);
+  // A JSON object (kept as its text) or a string (a file's path): DeepSpeed's config.
+  void read_object_or_path(std::string_view key, std::string& value);
 
   // Throws when the options hold a key no read() asked for.
   void finish() const;

@@ -146,7 +146,7 @@ struct fsdp : parallel {
   // What the next fabric.save writes (Lightning's state_dict_type).
   void set_state_dict_type(loom::state_dict_type type) noexcept { options_.state_dict = type; }
 
- private:
+ protected:
   // Runs body with every live engine's parameters (and the checkpoint's
   // optimizers' state) full-sized.
   template <class Body>

@@ -109,6 +109,11 @@ struct fsdp_options {
   // sync_module_states), as DDP does.
   bool sync_module_states = true;
   std::optional<fsdp_mixed_precision> mixed_precision;  // Lightning: mixed_precision
+  // ZeRO stage 1 (loom::deepspeed sets it; not an FSDP option): with
+  // SHARD_GRAD_OP, each unit's gradients live in a full-sized buffer kept
+  // across steps, the rank's reduced shard being its own chunk of it, so
+  // only the optimizer state is sharded (8 + 8/N bytes per fp32 parameter).
+  bool keep_full_gradients = false;
   std::chrono::milliseconds timeout = std::chrono::minutes(30);
   comm::backend process_group_backend = comm::backend::gloo;
   launcher_kind launcher = launcher_kind::subprocess;

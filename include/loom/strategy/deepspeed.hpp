@@ -1,0 +1,225 @@
+// ZeRO under Lightning's "deepspeed" names (DeepSpeedStrategy), built on the
+// FSDP sharding engine rather than on the DeepSpeed library: stage 3 is
+// FULL_SHARD, stage 2 SHARD_GRAD_OP (parameters whole, gradients and
+// optimizer state sharded), stage 1 SHARD_GRAD_OP with the gradients kept
+// whole (only the optimizer state sharded), stage 0 NO_SHARD. Configured by
+// Lightning's arguments or a DeepSpeed JSON config (zero_config.hpp), with
+// DeepSpeed's engine semantics for gradient_accumulation_steps and
+// gradient_clipping. Runs on CPU/Gloo, where Lightning refuses DeepSpeed.
+#pragma once
+
+#include <loom/errors.hpp>
+#include <loom/strategy/deepspeed_options.hpp>
+#include <loom/strategy/fsdp.hpp>
+#include <loom/strategy/zero_config.hpp>
+
+#include <cstdint>
+#include <iostream>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace loom {
+
+struct deepspeed : fsdp {
+  static constexpr std::string_view name = "deepspeed";
+  static constexpr bool is_sharded = true;
+  static constexpr bool supports_no_backward_sync = true;
+  // Lightning's rule: DeepSpeed wraps the module and its one optimizer together.
+  static constexpr bool needs_joint_setup = true;
+
+  deepspeed() : deepspeed(deepspeed_options{}) {}
+  explicit deepspeed(deepspeed_options options)
+      : fsdp(fsdp_options{.timeout = options.timeout,
+                          .process_group_backend = options.process_group_backend,
+                          .launcher = options.launcher}),
+        arguments_(std::move(options)) {}
+
+  // The configuration is resolved once the world size is known (the batch
+  // sizes are checked against it); its notices are printed by rank 0.
+  void setup_environment(const strategy_environment& environment) {
+    fsdp::setup_environment(environment);
+    config_ = resolve_zero_config(arguments_, precision_, world_size());
+    if (config_.bf16 || config_.fp16.enabled) {
+      throw configuration_error("deepspeed: precision " + precision_ + " (DeepSpeed's " +
+                                (config_.bf16 ? "bf16" : "fp16") +
+                                " mode: the module in 16 bits, an fp32 master partition per rank) is not built yet; "
+                                "use 32-true");
+    }
+    if (config_.offload_optimizer.device == offload_device::nvme ||
+        config_.offload_param.device == offload_device::nvme) {
+      throw configuration_error("deepspeed: NVMe offload (offload_*.device = \"nvme\") is not built yet; use \"cpu\" "
+                                "or \"none\"");
+    }
+    if (global_rank() == 0) {
+      for (const auto& notice : config_.notices) std::cerr << "loom deepspeed: notice: " << notice << '\n';
+    }
+    options_ = engine_options(config_);
+  }
+
+  // The module with its one optimizer (Lightning's rule): the engine shards
+  // the parameters, the optimizer then steps this rank's partition.
+  module_state setup_module_and_optimizers(torch::nn::Module& module,
+                                           std::span<torch::optim::Optimizer* const> optimizers,
+                                           bool move_to_device = true) {
+    if (optimizers.size() != 1) {
+      throw configuration_error("deepspeed: fabric.setup takes the module and exactly one optimizer (DeepSpeed "
+                                "steps one optimizer per model, as in Lightning); got " +
+                                std::to_string(optimizers.size()));
+    }
+    torch::optim::Optimizer& optimizer = *optimizers.front();
+    if (!optimizer.state().empty()) {
+      throw configuration_error("deepspeed: the optimizer has already stepped (it holds state for whole "
+                                "parameters); set it up before its first step");
+    }
+    if (!config_.zero_allow_untested_optimizer && !detail::fsdp_engine::knows_state_layout(optimizer)) {
+      throw configuration_error("deepspeed: zero_allow_untested_optimizer is false and this optimizer is not one "
+                                "loom has tested with ZeRO (SGD, Adam, AdamW, RMSprop, Adagrad)");
+    }
+    return fsdp::setup_module(module, move_to_device);
+  }
+
+  // DeepSpeed's engine.backward: the loss scaled by 1/gradient_accumulation_steps,
+  // gradients reduced on the accumulation boundary only.
+  template <class P>
+  void backward(P& precision, const at::Tensor& loss) {
+    const std::int64_t k = config_.gradient_accumulation_steps;
+    if (k == 1) {
+      precision.backward(loss);
+      return;
+    }
+    const bool boundary = (micro_steps_ + 1) % k == 0;
+    set_sync(boundary);
+    try {
+      precision.backward(loss / static_cast<double>(k));
+    } catch (...) {
+      set_sync(true);
+      throw;
+    }
+    set_sync(true);
+  }
+
+  // DeepSpeed's engine.step: counts the micro-batch; on the boundary clips
+  // (gradient_clipping) and steps this rank's partition.
+  template <class P>
+  void optimizer_step(P& precision, torch::optim::Optimizer& optimizer, optimizer_slot slot) {
+    ++micro_steps_;
+    if (micro_steps_ % config_.gradient_accumulation_steps != 0) return;
+    if (config_.gradient_clipping > 0) {
+      for (const auto& weak : engines_) {
+        if (auto engine = weak.lock()) engine->clip_gradients(clip_options{.max_norm = config_.gradient_clipping});
+      }
+    }
+    precision.optimizer_step(optimizer, slot);
+  }
+
+  // Acts right after a boundary step only (between micro-batches the
+  // gradients are still accumulating).
+  void zero_grad(torch::optim::Optimizer& optimizer) {
+    if (micro_steps_ % config_.gradient_accumulation_steps == 0) fsdp::zero_grad(optimizer);
+  }
+
+  // Lightning raises here; loom clips (the norm over every partition) unless
+  // the config clips already.
+  template <class State>
+  std::optional<double> clip_gradients(State& engine, torch::nn::Module& module, const clip_options& options) {
+    if (config_.gradient_clipping > 0) {
+      throw configuration_error("deepspeed: fabric.clip_gradients and the config's gradient_clipping = " +
+                                std::to_string(config_.gradient_clipping) +
+                                " would both clip; use one (the config clips inside optimizer.step())");
+    }
+    return fsdp::clip_gradients(engine, module, options);
+  }
+
+  fsdp_no_sync_guard no_backward_sync(module_state& engine, bool enabled = true) {
+    if (enabled && config_.gradient_accumulation_steps > 1) {
+      throw configuration_error("deepspeed: no_backward_sync with gradient_accumulation_steps = " +
+                                std::to_string(config_.gradient_accumulation_steps) +
+                                ": the config accumulates already (reductions run on its boundary micro-batches "
+                                "only); use one of the two");
+    }
+    return fsdp::no_backward_sync(engine, enabled);
+  }
+
+  void save_checkpoint(const std::string&, const state&, const state_filter&, const checkpoint_metadata&) {
+    throw configuration_error("deepspeed: checkpoints (DeepSpeed's layout) are not built yet");
+  }
+  state load_checkpoint(const std::string&, const state&, bool) {
+    throw configuration_error("deepspeed: checkpoints (DeepSpeed's layout) are not built yet");
+  }
+
+  const zero_config& config() const noexcept { return config_; }
+  const deepspeed_options& arguments() const noexcept { return arguments_; }
+  // Micro-batches stepped so far (DeepSpeed's micro_steps).
+  std::int64_t micro_steps() const noexcept { return micro_steps_; }
+
+ protected:
+  // Lightning's presets: the arguments they fix over the user's.
+  static deepspeed_options preset(deepspeed_options options, int stage, bool offload_optimizer,
+                                  bool offload_parameters, bool nvme) {
+    options.stage = stage;
+    options.offload_optimizer = options.offload_optimizer || offload_optimizer;
+    options.offload_parameters = options.offload_parameters || offload_parameters;
+    if (nvme) {
+      options.remote_device = "nvme";
+      options.offload_params_device = "nvme";
+      options.offload_optimizer_device = "nvme";
+    }
+    return options;
+  }
+
+ private:
+  // The sharding engine's options for a stage.
+  fsdp_options engine_options(const zero_config& config) const {
+    fsdp_options engine = options_;
+    engine.strategy = config.stage == 3   ? sharding_strategy::full_shard
+                      : config.stage == 0 ? sharding_strategy::no_shard
+                                          : sharding_strategy::shard_grad_op;
+    engine.keep_full_gradients = config.stage == 1;
+    // Buckets are units: a module whose parameters not yet in a unit reach
+    // reduce_bucket_size becomes one (besides the model's loom::unit<M>).
+    engine.wrap_policy = auto_wrap_policy::size_based(config.reduce_bucket_size);
+    engine.forward_prefetch = engine.backward_prefetch = config.overlap_comm;
+    engine.cpu_offload = config.offload_optimizer.device == offload_device::cpu ||
+                         config.offload_param.device == offload_device::cpu;
+    if (!config.communication_data_type.empty()) {
+      const auto dtype = config.communication_data_type == "fp16"   ? at::kHalf
+                         : config.communication_data_type == "bf16" ? at::kBFloat16
+                                                                     : at::kFloat;
+      engine.mixed_precision = fsdp_mixed_precision{.reduce_dtype = dtype};
+    }
+    engine.state_dict = state_dict_type::sharded;
+    return engine;
+  }
+  void set_sync(bool enabled) {
+    for (const auto& weak : engines_) {
+      if (auto engine = weak.lock()) engine->set_sync_enabled(enabled);
+    }
+  }
+
+  deepspeed_options arguments_;
+  zero_config config_;
+  std::int64_t micro_steps_ = 0;
+};
+
+// Lightning's registered presets (DeepSpeedStrategy.register_strategies).
+#define LOOM_DEEPSPEED_PRESET(type, stage, offload_optimizer, offload_parameters, nvme)                      \
+  struct type : deepspeed {                                                                                 \
+    static constexpr std::string_view name = #type;                                                         \
+    type() : type(deepspeed_options{}) {}                                                                   \
+    explicit type(deepspeed_options options)                                                                \
+        : deepspeed(preset(std::move(options), stage, offload_optimizer, offload_parameters, nvme)) {}      \
+  };                                                                                                        \
+  static_assert(Strategy<type>)
+LOOM_DEEPSPEED_PRESET(deepspeed_stage_1, 1, false, false, false);
+LOOM_DEEPSPEED_PRESET(deepspeed_stage_1_offload, 1, true, false, false);
+LOOM_DEEPSPEED_PRESET(deepspeed_stage_2, 2, false, false, false);
+LOOM_DEEPSPEED_PRESET(deepspeed_stage_2_offload, 2, true, false, false);
+LOOM_DEEPSPEED_PRESET(deepspeed_stage_3, 3, false, false, false);
+LOOM_DEEPSPEED_PRESET(deepspeed_stage_3_offload, 3, true, true, false);
+LOOM_DEEPSPEED_PRESET(deepspeed_stage_3_offload_nvme, 3, true, true, true);
+#undef LOOM_DEEPSPEED_PRESET
+
+static_assert(Strategy<deepspeed>);
+
+}  // namespace loom

@@ -1,0 +1,250 @@
+// ZeRO's laws on real processes (tests/dist/zero.sh): stages 1, 2 and 3
+// against single_device through the shared laws of strategy_laws.hpp; the
+// DeepSpeed engine semantics of gradient_accumulation_steps and
+// gradient_clipping from a JSON config; stages 1 and 2 against loom's DDP;
+// what each stage keeps per rank. `zero_worker laws N` starts N ranks itself.
+#include "strategy_laws.hpp"
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+namespace {
+
+using laws::global_batch;
+using laws::global_inputs;
+using laws::global_targets;
+
+// Two blocks declared as units (the buckets), a plain head in the root unit.
+struct NetImpl : torch::nn::Module {
+  NetImpl()
+      : fc1(register_module("fc1", loom::unit<torch::nn::Linear>(16, 32))),
+        fc2(register_module("fc2", loom::unit<torch::nn::Linear>(32, 32))),
+        fc3(register_module("fc3", torch::nn::Linear(32, 4))) {}
+  at::Tensor forward(const at::Tensor& x) { return fc3(torch::relu(fc2(torch::relu(fc1(x))))); }
+  loom::unit<torch::nn::Linear> fc1, fc2;
+  torch::nn::Linear fc3;
+};
+TORCH_MODULE(Net);
+
+// No units: the whole model is one bucket (the root).
+struct PlainNetImpl : torch::nn::Module {
+  PlainNetImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(16, 32))),
+        fc2(register_module("fc2", torch::nn::Linear(32, 4))) {}
+  at::Tensor forward(const at::Tensor& x) { return fc2(torch::relu(fc1(x))); }
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(PlainNet);
+
+Net make_net() {
+  at::manual_seed(42);
+  return Net();
+}
+PlainNet make_plain() {
+  at::manual_seed(42);
+  return PlainNet();
+}
+
+using zero_fabric = loom::Fabric<loom::cpu, loom::deepspeed, loom::fp32>;
+
+std::string test_dir() {
+  const char* dir = std::getenv("LOOM_TEST_DIR");
+  return dir ? dir : "/tmp";
+}
+
+loom::deepspeed stage(int s) { return loom::deepspeed(loom::deepspeed_options{.stage = s}); }
+
+void law_stages() {
+  for (int s : {1, 2, 3}) {
+    zero_fabric fabric({}, stage(s));
+    laws::law_equivalence(fabric, make_net, ("ZeRO stage " + std::to_string(s)).c_str());
+  }
+  {
+    zero_fabric fabric({}, stage(3));
+    laws::law_equivalence(fabric, make_plain, "ZeRO stage 3, no units (the model is one bucket)");
+  }
+  {
+    zero_fabric fabric({}, loom::deepspeed(loom::deepspeed_options{.stage = 2, .overlap_comm = false}));
+    laws::law_equivalence(fabric, make_net, "ZeRO stage 2, overlap_comm false");
+  }
+  {
+    // reduce_bucket_size 500: fc1 (544 parameters) and fc2 (1056) become buckets of their own.
+    zero_fabric fabric({}, loom::deepspeed(loom::deepspeed_options{.stage = 2, .reduce_bucket_size = 500}));
+    laws::law_equivalence(fabric, make_plain, "ZeRO stage 2, reduce_bucket_size 500");
+  }
+  {
+    zero_fabric fabric({}, loom::deepspeed_stage_2_offload());
+    laws::law_equivalence(fabric, make_net, "deepspeed_stage_2_offload (cpu)");
+  }
+  {
+    zero_fabric fabric({}, loom::deepspeed_stage_3_offload());
+    laws::law_equivalence(fabric, make_net, "deepspeed_stage_3_offload (cpu)");
+  }
+}
+
+// DeepSpeed's engine semantics from a JSON file: every micro-batch the user
+// calls zero_grad, backward and step; backward scales the loss by 1/k and
+// reduces on the boundary micro-batch only; step clips to gradient_clipping
+// and steps on every k-th call. Against one process taking the whole batch,
+// clipping to the same norm, 20 Adam steps. Every rank holds the same
+// parameters after each boundary. The tolerance is the shared one: the same
+// terms are summed in another order (per micro-batch, then across ranks).
+void law_accumulation_from_json(int s, bool through_environment) {
+  constexpr int k = 4;
+  constexpr int steps = 20;
+  constexpr double max_norm = 1.0;
+  int world = 0;
+  std::string path;
+  {
+    zero_fabric probe;  // the world size, for the config's batch sizes
+    world = probe.world_size();
+    path = test_dir() + "/ds_config_stage" + std::to_string(s) + "_" + std::to_string(probe.global_rank()) + ".json";
+  }
+  const int64_t micro = global_batch / (k * world);
+  {
+    std::ofstream out(path);
+    out << "{\n  \"train_batch_size\": " << global_batch << ",\n  \"train_micro_batch_size_per_gpu\": " << micro
+        << ",\n  \"gradient_accumulation_steps\": " << k << ",\n  \"gradient_clipping\": " << max_norm
+        << ",\n  \"zero_optimization\": {\"stage\": " << s
+        << ", \"overlap_comm\": true, \"contiguous_gradients\": true},\n  \"steps_per_print\": 2000\n}\n";
+  }
+  loom::deepspeed_options options;
+  if (through_environment) ::setenv("PL_DEEPSPEED_CONFIG_PATH", path.c_str(), 1);
+  else options.config = path;
+  zero_fabric fabric({}, loom::deepspeed(options));
+  ::unsetenv("PL_DEEPSPEED_CONFIG_PATH");
+  const int r = fabric.global_rank();
+  LAW_EXPECT(fabric.strategy().config().gradient_accumulation_steps == k, "the config's accumulation was not read");
+  LAW_EXPECT(fabric.strategy().config().gradient_clipping == max_norm, "the config's clipping was not read");
+
+  auto net = make_net();
+  auto reference = make_net();
+  const auto adam_options = torch::optim::AdamOptions(1e-2);
+  torch::optim::Adam reference_adam(reference->parameters(), adam_options);
+  torch::optim::Adam adam(net->parameters(), adam_options);
+  auto [model, optimizer] = fabric.setup(net, adam);
+  bool refused_clip = false;
+  for (int step = 0; step < steps; ++step) {
+    const auto x = global_inputs(step);
+    const auto y = global_targets(step);
+    for (int m = 0; m < k; ++m) {
+      optimizer.zero_grad();
+      const int64_t begin = (m * world + r) * micro;
+      fabric.backward(torch::nn::functional::cross_entropy(model(x.narrow(0, begin, micro)), y.narrow(0, begin, micro)));
+      if (step == 0 && m == k - 1) {
+        try {
+          (void)fabric.clip_gradients(model, optimizer, loom::clip_options{.max_norm = 1.0});
+        } catch (const loom::configuration_error& error) {
+          refused_clip = std::string(error.what()).find("gradient_clipping") != std::string::npos;
+        }
+      }
+      optimizer.step();
+    }
+    LAW_EXPECT(fabric.strategy().micro_steps() == (step + 1) * k, "micro_steps %ld after %d steps",
+               static_cast<long>(fabric.strategy().micro_steps()), step + 1);
+    reference_adam.zero_grad();
+    torch::nn::functional::cross_entropy(reference->forward(x), y).backward();
+    torch::nn::utils::clip_grad_norm_(reference->parameters(), max_norm);
+    reference_adam.step();
+    const auto mine = laws::flat(laws::full_parameters(model, net));
+    const auto everyone = fabric.all_gather(mine);
+    for (int other = 1; other < world; ++other) {
+      LAW_EXPECT(torch::equal(everyone[0], everyone[other]), "stage %d step %d: rank %d differs", s, step, other);
+    }
+  }
+  LAW_EXPECT(refused_clip, "fabric.clip_gradients beside the config's gradient_clipping was not refused");
+  const auto counters = model.session().state()->counters();
+  const auto units = model.session().state()->units().size();
+  const auto strategy = laws::flat(laws::full_parameters(model, net));
+  const double difference = (strategy - laws::flat_of(reference)).abs().max().item<double>();
+  laws::tolerance allowed;
+  LAW_EXPECT(torch::allclose(strategy, laws::flat_of(reference), allowed.rtol, allowed.atol),
+             "stage %d with gradient_accumulation_steps %d differs from one process by %.3g", s, k, difference);
+  // Reductions on boundary micro-batches only: one per unit per step.
+  const auto reductions = counters.reduce_scatters + counters.all_reduces;
+  LAW_EXPECT(reductions == static_cast<std::uint64_t>(steps) * units,
+             "stage %d: %llu reductions over %d steps of %zu units (%d micro-batches each): expected one per unit "
+             "per step", s, static_cast<unsigned long long>(reductions), steps, units, k);
+  if (r == 0) {
+    std::printf("law (accumulation, %s): stage %d, gradient_accumulation_steps %d and gradient_clipping %.1f from "
+                "JSON: max |zero - single| after %d Adam steps = %.3g (rtol %g, atol %g); %llu reductions for %d "
+                "micro-batches x %zu units; fabric.clip_gradients refused beside gradient_clipping\n",
+                through_environment ? "PL_DEEPSPEED_CONFIG_PATH" : "config path", s, k, max_norm, steps, difference,
+                allowed.rtol, allowed.atol, static_cast<unsigned long long>(reductions), steps * k, units);
+    std::fflush(stdout);
+  }
+}
+
+// Stages 1 and 2 against loom's DDP with Adam: on 2 ranks both average each
+// gradient as (a + b) / 2 and Adam is elementwise, so they are bit-identical
+// (PyTorch's ZeroRedundancyOptimizer is bit-identical to DDP there too). On
+// 4 ranks the reduce-scatter and DDP's all-reduce add the four terms in
+// different orders: within the shared tolerance.
+void law_against_ddp() {
+  auto train = [](auto& fabric) {
+    const int r = fabric.global_rank();
+    const int64_t local = global_batch / fabric.world_size();
+    auto net = make_net();
+    torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
+    auto [model, optimizer] = fabric.setup(net, adam);
+    for (int step = 0; step < 20; ++step) {
+      optimizer.zero_grad();
+      fabric.backward(torch::nn::functional::cross_entropy(model(global_inputs(step).narrow(0, r * local, local)),
+                                                           global_targets(step).narrow(0, r * local, local)));
+      optimizer.step();
+    }
+    return laws::flat(laws::full_parameters(model, net));
+  };
+  at::Tensor reference;
+  int world = 0;
+  {
+    auto ddp = laws::outside_launcher<loom::Fabric<loom::cpu, loom::ddp, loom::fp32>>();
+    world = ddp.world_size();
+    reference = train(ddp);
+  }
+  for (int s : {1, 2}) {
+    zero_fabric fabric({}, stage(s));
+    const auto result = train(fabric);
+    const double difference = (result - reference).abs().max().item<double>();
+    if (world == 2) {
+      LAW_EXPECT(torch::equal(result, reference), "stage %d differs from DDP by %.3g on 2 ranks", s, difference);
+    } else {
+      LAW_EXPECT(torch::allclose(result, reference, 1e-4, 2e-5), "stage %d differs from DDP by %.3g", s, difference);
+    }
+    if (laws::rank_for_messages == 0) {
+      std::printf("law (against DDP): stage %d with Adam, 20 steps on %d ranks: max |zero - ddp| = %.3g (%s)\n", s,
+                  world, difference, world == 2 ? "required bit-identical" : "tolerance rtol 1e-4, atol 2e-5");
+      std::fflush(stdout);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string scenario = argc > 1 ? argv[1] : "laws";
+  const int devices = argc > 2 ? std::atoi(argv[2]) : 2;
+  try {
+    zero_fabric launcher({.devices = loom::devices_spec(devices)});
+    launcher.launch();
+    laws::rank_for_messages = launcher.global_rank();
+    if (scenario == "laws") {
+      law_stages();
+      for (int s : {1, 2, 3}) law_accumulation_from_json(s, /*through_environment=*/s == 3);
+      law_against_ddp();
+    } else {
+      std::fprintf(stderr, "zero_worker: unknown scenario %s\n", scenario.c_str());
+      return 2;
+    }
+    const bool everyone = launcher.reduce_boolean_decision(laws::failures == 0, /*all=*/true);
+    if (launcher.is_global_zero()) {
+      std::printf("zero laws (%s): world_size=%d %s\n", scenario.c_str(), launcher.world_size(),
+                  everyone ? "all checks passed" : "FAILED");
+    }
+    return laws::failures == 0 ? 0 : 1;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "zero_worker rank %d: %s\n", laws::rank_for_messages, error.what());
+    return 1;
+  }
+}
