@@ -2,7 +2,8 @@
 # check_example.sh EXAMPLE [LOOM_RUN [STRATEGY]]
 # Runs the Fashion-MNIST example at its defaults (with LOOM_RUN: under
 # `loom-run --accelerator cpu --strategy STRATEGY --devices 2`, ddp unless
-# given; under fsdp the line before the last, param_bytes_per_rank=, must be
+# given; under fsdp and deepspeed_stage_3 the line before the last,
+# param_bytes_per_rank=, must be
 # at most 0.55 of the model's parameter bytes): the last line of
 # stdout and stderr together must be test_accuracy=0.XXXX, printed once, with
 # a value >= 0.85. Then with a data directory that does not exist: it must
@@ -38,8 +39,15 @@ esac
 held=$(echo "$bytes_line" | sed -n 's/^param_bytes_per_rank=\([0-9]*\) model_param_bytes=\([0-9]*\)$/\1/p')
 model=$(echo "$bytes_line" | sed -n 's/^param_bytes_per_rank=\([0-9]*\) model_param_bytes=\([0-9]*\)$/\2/p')
 echo "parameter bytes per rank $held of $model"
-if [ "$strategy" = fsdp ]; then
-  awk -v h="$held" -v m="$model" 'BEGIN { exit !(h <= 0.55 * m) }' || { echo "FSDP holds $held of $model bytes (> 0.55)"; exit 1; }
+case "$strategy" in
+  fsdp|deepspeed_stage_3*)
+    awk -v h="$held" -v m="$model" 'BEGIN { exit !(h <= 0.55 * m) }' || { echo "$strategy holds $held of $model bytes (> 0.55)"; exit 1; } ;;
+esac
+# A DeepSpeed config through PL_DEEPSPEED_CONFIG_PATH: its notices show it was read.
+if [ -n "${PL_DEEPSPEED_CONFIG_PATH:-}" ]; then
+  grep -q "loom deepspeed: notice: 'steps_per_print'" out.txt ||
+    { echo "no notice of the config's steps_per_print: was $PL_DEEPSPEED_CONFIG_PATH read?"; exit 1; }
+  echo "read the DeepSpeed config $PL_DEEPSPEED_CONFIG_PATH"
 fi
 
 $launcher "$example" --data "$work/missing" > missing.txt 2>&1 && { echo "missing data did not fail"; exit 1; }

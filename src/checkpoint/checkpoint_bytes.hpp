@@ -22,7 +22,17 @@ c10::IValue metadata_value(const checkpoint_metadata& metadata);
 // the checkpoint in errors.
 std::vector<char> serialize_checkpoint(const std::string& path, const state& state, const state_filter& filter,
                                        const checkpoint_metadata& metadata);
+// The same, naming optimizer state by the parameter names of names_from's
+// modules (a file holding optimizers without their modules).
+std::vector<char> serialize_checkpoint(const std::string& path, const state& state, const state_filter& filter,
+                                       const checkpoint_metadata& metadata, const loom::state& names_from);
 // Bytes read from path, verified and parsed.
 checkpoint_contents parse_checkpoint(const std::vector<char>& bytes, const std::string& path);
+
+// The entry listing a multi-file checkpoint's other files (name, bytes, crc32).
+inline constexpr const char* files_key = "__loom_shard_files__";
+// Every rank's contents into one: tensors with a range in the first rank's
+// metadata.shards concatenated in range order, the rest taken from it.
+checkpoint_contents merge_shards(std::vector<checkpoint_contents>& ranks, const std::string& path);
 
 }  // namespace loom::detail

@@ -158,6 +158,10 @@ void publish_directory(const std::string& staged, const std::string& path) {
 namespace detail {
 std::vector<char> serialize_checkpoint(const std::string& path, const state& state, const state_filter& filter,
                                        const checkpoint_metadata& metadata) {
+  return serialize_checkpoint(path, state, filter, metadata, state);
+}
+std::vector<char> serialize_checkpoint(const std::string& path, const state& state, const state_filter& filter,
+                                       const checkpoint_metadata& metadata, const loom::state& names_from) {
   for (const auto& [name, function] : filter) {
     const auto* entry = state.find(name);
     if (entry == nullptr) {
@@ -174,7 +178,7 @@ std::vector<char> serialize_checkpoint(const std::string& path, const state& sta
     if (std::string type = entry.io().type_name(); !type.empty()) described.optimizer_types[entry.name()] = type;
   }
   entries.insert(metadata_key, metadata_value(described));
-  const detail::parameter_names names = names_of(state);
+  const detail::parameter_names names = names_of(names_from);
   for (const auto& entry : state.entries()) {
     if (entry.name() == metadata_key) fail_checkpoint(path, std::string("'") + metadata_key + "' is reserved for loom");
     auto it = filter.find(entry.name());
@@ -292,10 +296,12 @@ checkpoint_contents detail::parse_checkpoint(const std::vector<char>& bytes, con
 }
 
 state load_checkpoint(const std::string& path, const state& target, bool strict) {
-  // A directory is a sharded checkpoint (read_sharded_checkpoint says what is missing when it is not one).
+  // A directory is a sharded checkpoint, or ZeRO's in DeepSpeed's layout (with 'latest'); the readers say what
+  // is missing when it is neither.
   std::error_code ec;
-  checkpoint_contents contents =
-      fs::is_directory(path, ec) ? read_sharded_checkpoint(path) : read_checkpoint(path);
+  checkpoint_contents contents = !fs::is_directory(path, ec)    ? read_checkpoint(path)
+                                 : is_deepspeed_checkpoint(path) ? read_deepspeed_checkpoint(path)
+                                                                 : read_sharded_checkpoint(path);
 
   // 1. Validate everything; nothing changes yet.
   const detail::parameter_names names = names_of(target);

@@ -33,7 +33,7 @@ using detail::fail_checkpoint;
 namespace {
 
 constexpr const char* meta_file = "meta.pt";
-constexpr const char* files_key = "__loom_shard_files__";
+using detail::files_key;
 
 std::string rank_file(std::int64_t rank, std::int64_t world) {
   return "shard_" + std::to_string(rank) + "_of_" + std::to_string(world) + ".pt";
@@ -81,9 +81,11 @@ bool is_optimizer_dict(const c10::IValue& value) {
   return dict.contains("state") && dict.contains("param_groups");
 }
 
+}  // namespace
+
 // The full contents from every rank's: sharded tensors concatenated, the
 // rest taken from rank 0's file.
-checkpoint_contents merge(std::vector<checkpoint_contents>& ranks, const std::string& path) {
+checkpoint_contents detail::merge_shards(std::vector<checkpoint_contents>& ranks, const std::string& path) {
   checkpoint_contents out;
   out.metadata = ranks.front().metadata;
   out.metadata.shards.clear();
@@ -169,8 +171,6 @@ checkpoint_contents merge(std::vector<checkpoint_contents>& ranks, const std::st
   return out;
 }
 
-}  // namespace
-
 bool is_sharded_checkpoint(const std::string& path) {
   std::error_code ec;
   return fs::is_directory(path, ec) && fs::exists(fs::path(path) / meta_file, ec);
@@ -253,8 +253,8 @@ checkpoint_contents read_sharded_checkpoint(const std::string& directory) {
   if (!fs::is_directory(root, ec)) fail_checkpoint(directory, "is not a directory");
   const fs::path meta_path = root / meta_file;
   if (!fs::exists(meta_path, ec)) {
-    fail_checkpoint(directory, "is a directory without meta.pt: not a loom sharded checkpoint, or a sharded save "
-                               "that did not finish");
+    fail_checkpoint(directory, "is a directory without meta.pt (a loom sharded checkpoint) or latest (a ZeRO "
+                               "checkpoint in DeepSpeed's layout): neither, or a save that did not finish");
   }
   const checkpoint_contents meta = detail::parse_checkpoint(detail::read_file(meta_path.string()), meta_path.string());
   auto listed = meta.entries.find(files_key);
@@ -294,7 +294,7 @@ checkpoint_contents read_sharded_checkpoint(const std::string& directory) {
                                      " (files of two saves mixed)");
     }
   }
-  checkpoint_contents merged = merge(ranks, directory);
+  checkpoint_contents merged = detail::merge_shards(ranks, directory);
   merged.metadata.optimizer_types = meta.metadata.optimizer_types;
   return merged;
 }

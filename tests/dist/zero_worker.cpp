@@ -220,9 +220,148 @@ void law_against_ddp() {
   }
 }
 
+// The same steps for every checkpoint law: rank r's rows of the global batch.
+template <class F, class M, class O>
+void train_steps(F& fabric, M& model, O& optimizer, int from, int to) {
+  const int r = fabric.global_rank();
+  const int64_t local = global_batch / fabric.world_size();
+  for (int step = from; step < to; ++step) {
+    optimizer.zero_grad();
+    fabric.backward(torch::nn::functional::cross_entropy(model(global_inputs(step).narrow(0, r * local, local)),
+                                                         global_targets(step).narrow(0, r * local, local)));
+    optimizer.step();
+  }
+}
+
+bool exists(const std::string& path) { return std::ifstream(path).good(); }
+
+// Save/load is the identity, per stage: 5 steps, a save (over an older one),
+// 5 more (A); a fresh model and optimizer load the save and take the same 5
+// (B): A == B bit for bit. The files carry DeepSpeed's names. Rank 0 loads
+// the save into single_device (the full parameters at the save) and writes
+// it as one full file, for consolidate's comparison in zero.sh.
+void law_checkpoint(int s) {
+  const auto adam_options = torch::optim::AdamOptions(1e-2);
+  at::Tensor at_save, a;
+  std::string path;
+  int world = 0;
+  {
+    zero_fabric fabric({}, stage(s));
+    world = fabric.world_size();
+    path = test_dir() + "/zero" + std::to_string(s) + "_" + std::to_string(world);
+    auto net = make_net();
+    torch::optim::Adam adam(net->parameters(), adam_options);
+    auto [model, optimizer] = fabric.setup(net, adam);
+    train_steps(fabric, model, optimizer, 0, 3);
+    int step = 3;
+    fabric.save(path, {{"model", model}, {"optimizer", optimizer}, {"step", step}});
+    train_steps(fabric, model, optimizer, 3, 5);
+    step = 5;
+    fabric.save(path, {{"model", model}, {"optimizer", optimizer}, {"step", step}});  // replaces the first
+    at_save = laws::flat(laws::full_parameters(model, net));
+    train_steps(fabric, model, optimizer, 5, 10);
+    a = laws::flat(laws::full_parameters(model, net));
+  }
+  if (laws::rank_for_messages == 0) {
+    std::ifstream latest(path + "/latest");
+    std::string tag;
+    std::getline(latest, tag);
+    LAW_EXPECT(tag == "checkpoint", "%s/latest holds '%s', not Lightning's tag 'checkpoint'", path.c_str(), tag.c_str());
+    const std::string dir = path + "/checkpoint/";
+    for (int r = 0; r < world; ++r) {
+      const std::string optim = dir + "zero_pp_rank_" + std::to_string(r) + "_mp_rank_00_optim_states.pt";
+      const std::string model = dir + "zero_pp_rank_" + std::to_string(r) + "_mp_rank_00_model_states.pt";
+      LAW_EXPECT(exists(optim), "no %s", optim.c_str());
+      LAW_EXPECT(exists(model) == (s == 3), "%s %s", model.c_str(), s == 3 ? "missing" : "written below stage 3");
+    }
+    LAW_EXPECT(exists(dir + "mp_rank_00_model_states.pt") == (s != 3), "mp_rank_00_model_states.pt %s",
+               s == 3 ? "written at stage 3" : "missing");
+  }
+  at::Tensor b;
+  int loaded_step = 0;
+  {
+    zero_fabric fabric({}, stage(s));
+    auto net = make_net();
+    torch::optim::Adam adam(net->parameters(), adam_options);
+    auto [model, optimizer] = fabric.setup(net, adam);
+    auto rest = fabric.load(path, {{"model", model}, {"optimizer", optimizer}});
+    loaded_step = rest.get<int>("step");
+    train_steps(fabric, model, optimizer, 5, 10);
+    b = laws::flat(laws::full_parameters(model, net));
+  }
+  LAW_EXPECT(loaded_step == 5, "the step read back is %d, not 5", loaded_step);
+  LAW_EXPECT(torch::equal(a, b), "stage %d: training on from the loaded save differs by %.3g", s,
+             (a - b).abs().max().item<double>());
+  if (laws::rank_for_messages == 0) {
+    auto single = laws::outside_launcher<loom::Fabric<loom::cpu, loom::single_device>>();
+    auto net = make_net();
+    torch::optim::Adam adam(net->parameters(), adam_options);
+    auto [model, optimizer] = single.setup(net, adam);
+    int step = 0;
+    single.load(path, {{"model", model}, {"optimizer", optimizer}, {"step", step}});
+    LAW_EXPECT(torch::equal(laws::flat_of(net), at_save), "stage %d: single_device reads other parameters", s);
+    single.save(path + ".full", {{"model", model}, {"optimizer", optimizer}, {"step", step}});
+    std::printf("law (checkpoint): stage %d on %d ranks: DeepSpeed's file names; save, load, 5 more steps equal "
+                "training on (max diff %.3g); single_device reads the full parameters\n",
+                s, world, (a - b).abs().max().item<double>());
+    std::fflush(stdout);
+  }
+}
+
+// A checkpoint saved on 2 ranks loads on this world size into every stage
+// (stage 3's slices into stage 1, ...): the full parameters equal what
+// single_device reads from it, and a step runs.
+void law_reshard() {
+  for (int saved : {1, 2, 3}) {
+    const std::string path = test_dir() + "/zero" + std::to_string(saved) + "_2";
+    auto single = laws::outside_launcher<loom::Fabric<loom::cpu, loom::single_device>>();
+    auto reference = make_net();
+    torch::optim::Adam reference_adam(reference->parameters(), torch::optim::AdamOptions(1e-2));
+    auto [ref_model, ref_optimizer] = single.setup(reference, reference_adam);
+    single.load(path, {{"model", ref_model}, {"optimizer", ref_optimizer}});
+    for (int s : {1, 2, 3}) {
+      zero_fabric fabric({}, stage(s));
+      auto net = make_net();
+      torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
+      auto [model, optimizer] = fabric.setup(net, adam);
+      fabric.load(path, {{"model", model}, {"optimizer", optimizer}});
+      LAW_EXPECT(torch::equal(laws::flat(laws::full_parameters(model, net)), laws::flat_of(reference)),
+                 "stage %d's 2-rank save loads into stage %d on %d ranks with other parameters", saved, s,
+                 fabric.world_size());
+      train_steps(fabric, model, optimizer, 10, 11);
+    }
+  }
+  if (laws::rank_for_messages == 0) {
+    std::printf("law (reshard): saves of stages 1, 2, 3 on 2 ranks load into stages 1, 2, 3 on %d ranks, equal to "
+                "what single_device reads\n", laws::outside_launcher<zero_fabric>().world_size());
+    std::fflush(stdout);
+  }
+}
+
+// A damaged copy is refused naming the file, nothing changed (one process).
+int load_damaged(const std::string& path, const std::string& expected) {
+  loom::Fabric<loom::cpu, loom::single_device> single;
+  auto net = make_net();
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
+  auto [model, optimizer] = single.setup(net, adam);
+  const auto before = laws::flat_of(net);
+  try {
+    single.load(path, {{"model", model}, {"optimizer", optimizer}});
+    std::printf("load_damaged: %s loaded, but it is damaged\n", path.c_str());
+    return 1;
+  } catch (const loom::checkpoint_error& error) {
+    const bool named = std::string(error.what()).find(expected) != std::string::npos;
+    const bool unchanged = torch::equal(laws::flat_of(net), before) && adam.state().empty();
+    std::printf("load_damaged: %s (names %s: %s; model and optimizer unchanged: %s)\n", error.what(),
+                expected.c_str(), named ? "yes" : "no", unchanged ? "yes" : "no");
+    return named && unchanged ? 0 : 1;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 3 && std::string(argv[1]) == "load_damaged") return load_damaged(argv[2], argv[3]);
   const std::string scenario = argc > 1 ? argv[1] : "laws";
   const int devices = argc > 2 ? std::atoi(argv[2]) : 2;
   try {
@@ -233,6 +372,9 @@ int main(int argc, char** argv) {
       law_stages();
       for (int s : {1, 2, 3}) law_accumulation_from_json(s, /*through_environment=*/s == 3);
       law_against_ddp();
+      for (int s : {1, 2, 3}) law_checkpoint(s);
+    } else if (scenario == "reshard") {
+      law_reshard();
     } else {
       std::fprintf(stderr, "zero_worker: unknown scenario %s\n", scenario.c_str());
       return 2;

@@ -10,6 +10,7 @@
 #include <ATen/core/ivalue.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -88,6 +89,35 @@ void save_sharded_checkpoint(const std::string& path, const state& state, const 
 // that wrote it. Every rank file is checked against meta.pt first; a
 // missing, torn or corrupted file is a checkpoint_error naming it.
 checkpoint_contents read_sharded_checkpoint(const std::string& directory);
+
+// ----------------------------------------------------------- DeepSpeed's layout
+// ZeRO's checkpoints under DeepSpeed's file names with Lightning's tag:
+// PATH/latest holds the tag, PATH/checkpoint/ holds mp_rank_00_model_states.pt
+// (rank 0: the whole module and the other state; stages 0-2) or
+// zero_pp_rank_{r}_mp_rank_00_model_states.pt (each rank's module slices,
+// stage 3), and zero_pp_rank_{r}_mp_rank_00_optim_states.pt (each rank's
+// optimizer slices; "bf16_" in front under bf16). The contents are loom's.
+bool is_deepspeed_checkpoint(const std::string& path);
+
+struct deepspeed_layout {
+  bool module_sharded = false;  // stage 3: each rank writes its module slices
+  bool bf16 = false;            // the optimizer files' names start with bf16_
+  shard_layout shards;          // this rank's slices (parameters and their optimizer state)
+};
+
+// Collective over group. The tag is staged as PATH/checkpoint.tmp-<id>/ and
+// published in one step, then PATH/latest is rewritten atomically, last: at
+// every instant PATH holds the complete old or the complete new checkpoint.
+// Rank 0's model-states file, written after every other, lists every other
+// file's size and CRC32. For stages 0-2, with_full_module(body) must run body
+// with the module parameters whole on rank 0 (every rank calls it).
+void save_deepspeed_checkpoint(const std::string& path, const state& state, const checkpoint_metadata& metadata,
+                               const deepspeed_layout& layout, comm::process_group& group,
+                               const std::function<void(const std::function<void()>&)>& with_full_module);
+
+// Its contents at full size, whatever the world size that wrote it; every
+// file is checked (present, size, CRC32) before any is parsed.
+checkpoint_contents read_deepspeed_checkpoint(const std::string& path);
 
 // Restores every entry of `target` from the file, all or nothing: on any error
 // (missing file, corruption, a missing key with strict, a shape or type

@@ -14,6 +14,8 @@
 #include <loom/strategy/zero_config.hpp>
 
 #include <cstdint>
+#include <filesystem>
+#include <functional>
 #include <iostream>
 #include <span>
 #include <string>
@@ -50,6 +52,10 @@ struct deepspeed : fsdp {
         config_.offload_param.device == offload_device::nvme) {
       throw configuration_error("deepspeed: NVMe offload (offload_*.device = \"nvme\") is not built yet; use \"cpu\" "
                                 "or \"none\"");
+    }
+    if (config_.exclude_frozen_parameters) {
+      throw configuration_error("deepspeed: exclude_frozen_parameters=True is not built yet; leave it False (frozen "
+                                "parameters are saved)");
     }
     if (global_rank() == 0) {
       for (const auto& notice : config_.notices) std::cerr << "loom deepspeed: notice: " << notice << '\n';
@@ -141,11 +147,56 @@ struct deepspeed : fsdp {
     return fsdp::no_backward_sync(engine, enabled);
   }
 
-  void save_checkpoint(const std::string&, const state&, const state_filter&, const checkpoint_metadata&) {
-    throw configuration_error("deepspeed: checkpoints (DeepSpeed's layout) are not built yet");
+  // ------------------------------------------------------------ checkpoints
+  // DeepSpeed's layout (checkpoint/io.hpp): PATH/latest and PATH/checkpoint/
+  // with each rank's optimizer partition, and the module whole (rank 0,
+  // stages 0-2) or in each rank's slices (stage 3).
+  void save_checkpoint(const std::string& path, const state& checkpoint, const state_filter& filter,
+                       const checkpoint_metadata& metadata) {
+    if (!filter.empty()) {
+      throw configuration_error("deepspeed: a filter is refused for ZeRO saves (each rank writes its partition); "
+                                "save, then filter the consolidated file (loom-run consolidate)");
+    }
+    deepspeed_layout layout;
+    layout.module_sharded = config_.stage == 3;
+    layout.bf16 = config_.bf16;
+    for (const auto& entry : checkpoint.entries()) {
+      if (auto* optimizer = entry.io().optimizer(); optimizer && !detail::fsdp_engine::knows_state_layout(*optimizer)) {
+        throw configuration_error("deepspeed: '" + entry.name() + "' is an optimizer whose state loom cannot slice "
+                                  "(SGD, Adam, AdamW, RMSprop and Adagrad are known)");
+      }
+      const torch::nn::Module* module = entry.io().module();
+      if (module == nullptr) continue;
+      for (const auto& item : module->named_parameters()) {
+        for (const auto& weak : engines_) {
+          if (auto engine = weak.lock()) {
+            if (auto range = engine->shard_of(item.value())) layout.shards[item.key()] = *range;
+          }
+        }
+      }
+    }
+    const state no_optimizers;
+    loom::save_deepspeed_checkpoint(path, checkpoint, metadata, layout, group(),
+                                    [&](const std::function<void()>& body) {
+                                      with_full_state(no_optimizers, /*write_back=*/false, /*root=*/0, body);
+                                    });
   }
-  state load_checkpoint(const std::string&, const state&, bool) {
-    throw configuration_error("deepspeed: checkpoints (DeepSpeed's layout) are not built yet");
+
+  // A ZeRO checkpoint of any stage and world size (or an fsdp sharded one,
+  // or a full file); with load_full_weights, one full file's module weights
+  // only, as Lightning.
+  state load_checkpoint(const std::string& path, const state& checkpoint, bool strict) {
+    if (!config_.load_full_weights) return fsdp::load_checkpoint(path, checkpoint, strict);
+    if (std::filesystem::is_directory(path)) {
+      throw configuration_error("deepspeed: load_full_weights=True loads one full checkpoint file (a full save, or "
+                                "loom-run consolidate's output); " + path + " is a directory");
+    }
+    state modules;
+    for (const auto& entry : checkpoint.entries()) {
+      if (entry.io().module() != nullptr) modules.add(entry);
+    }
+    (void)fsdp::load_checkpoint(path, modules, strict);
+    return {};
   }
 
   const zero_config& config() const noexcept { return config_; }

@@ -1,0 +1,232 @@
+// ZeRO checkpoints under DeepSpeed's file names (io.hpp): PATH/latest and
+// PATH/<tag>/ with model-states and optim-states files, the contents in
+// loom's format. As sharded.cpp: staged beside the tag, published in one
+// step, verified (size and CRC32, listed in rank 0's model-states file,
+// which is written last) before anything is parsed, and read back at full
+// size by concatenating each tensor's slices in range order.
+#include <loom/checkpoint/io.hpp>
+#include <loom/errors.hpp>
+
+#include "checkpoint_bytes.hpp"
+#include "file_bytes.hpp"
+#include "torch_archive.hpp"
+
+#include <ATen/ATen.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+namespace loom {
+namespace fs = std::filesystem;
+using detail::fail_checkpoint;
+using detail::files_key;
+
+namespace {
+
+constexpr const char* tag = "checkpoint";  // Lightning's tag
+constexpr const char* latest_file = "latest";
+constexpr const char* whole_model_file = "mp_rank_00_model_states.pt";
+
+std::string model_file(int rank) { return "zero_pp_rank_" + std::to_string(rank) + "_mp_rank_00_model_states.pt"; }
+std::string optim_file(int rank, bool bf16) {
+  return std::string(bf16 ? "bf16_" : "") + "zero_pp_rank_" + std::to_string(rank) + "_mp_rank_00_optim_states.pt";
+}
+
+state subset(const state& all, bool optimizers) {
+  state out;
+  for (const auto& entry : all.entries()) {
+    if ((entry.io().optimizer() != nullptr) == optimizers) out.add(entry);
+  }
+  return out;
+}
+
+std::string read_tag(const std::string& path) {
+  std::ifstream in(fs::path(path) / latest_file);
+  std::string text;
+  std::getline(in, text);
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' ')) text.pop_back();
+  if (text.empty()) fail_checkpoint(path, "has an empty 'latest' file (it must name the tag directory)");
+  if (text.find('/') != std::string::npos || text == "." || text == "..") {
+    fail_checkpoint(path, "'latest' names '" + text + "', which is not a tag directory inside it");
+  }
+  return text;
+}
+
+}  // namespace
+
+bool is_deepspeed_checkpoint(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) && fs::is_regular_file(fs::path(path) / latest_file, ec);
+}
+
+void save_deepspeed_checkpoint(const std::string& path, const state& state, const checkpoint_metadata& metadata,
+                               const deepspeed_layout& layout, comm::process_group& group,
+                               const std::function<void(const std::function<void()>&)>& with_full_module) {
+  const int rank = group.valid() ? group.rank() : 0;
+  const int world = group.valid() ? group.size() : 1;
+  // Rank 0 prepares PATH and the staging directory; every rank learns the
+  // answer (an error included) before anything is written.
+  std::string answer;
+  if (rank == 0) {
+    std::error_code ec;
+    const fs::path root = fs::absolute(path);
+    if (fs::exists(root, ec) && !fs::is_directory(root, ec)) {
+      answer = "!is a file; a ZeRO checkpoint is a directory (DeepSpeed's layout): choose another path";
+    } else if (fs::is_directory(root, ec) && !is_deepspeed_checkpoint(path) && !fs::is_empty(root, ec)) {
+      answer = "!is a non-empty directory without 'latest' (not a DeepSpeed-layout checkpoint); loom replaces only "
+               "its own checkpoints: choose another path or remove it";
+    } else {
+      fs::create_directories(root, ec);
+      const std::string prefix = std::string(tag) + ".tmp-";
+      for (const auto& entry : fs::directory_iterator(root, ec)) {  // saves that died before publishing
+        if (entry.path().filename().string().rfind(prefix, 0) == 0) fs::remove_all(entry.path(), ec);
+      }
+      const auto stamp = std::chrono::steady_clock::now().time_since_epoch().count();
+      const fs::path staged = root / (prefix + std::to_string(::getpid()) + "-" + std::to_string(stamp));
+      fs::create_directories(staged, ec);
+      answer = ec ? "!cannot create " + staged.string() + " (" + ec.message() + ")" : staged.string();
+    }
+  }
+  if (group.valid()) answer = group.broadcast_object(c10::IValue(answer), 0).toStringRef();
+  if (!answer.empty() && answer.front() == '!') fail_checkpoint(path, answer.substr(1));
+  const fs::path staged = answer;
+
+  checkpoint_metadata mine = metadata;
+  mine.global_rank = rank;
+  mine.world_size = world;
+  mine.shards = layout.shards;
+  auto write = [&](const std::string& name, const loom::state& part) {
+    const std::vector<char> bytes = detail::serialize_checkpoint(path, part, {}, mine, state);
+    write_file_atomically((staged / name).string(), bytes);
+    return std::pair<std::int64_t, std::int64_t>(static_cast<std::int64_t>(bytes.size()),
+                                                 static_cast<std::int64_t>(detail::crc32_of(bytes.data(), bytes.size())));
+  };
+  // Every file but rank 0's model states: (bytes, crc32) of the optim file,
+  // then of the model file (stage 3; -1 where there is none).
+  const auto optim = write(optim_file(rank, layout.bf16), subset(state, /*optimizers=*/true));
+  std::pair<std::int64_t, std::int64_t> model{-1, -1};
+  if (layout.module_sharded && rank != 0) model = write(model_file(rank), subset(state, /*optimizers=*/false));
+  at::Tensor report = at::tensor({optim.first, optim.second, model.first, model.second}, at::kLong);
+  const at::Tensor everyone = group.valid() ? group.all_gather_stacked(report) : report.unsqueeze(0);
+
+  // Rank 0's model states, last, listing the others.
+  auto write_index = [&] {
+    if (rank != 0) return;
+    c10::impl::GenericList files(c10::AnyType::get());
+    auto list = [&](const std::string& name, std::int64_t bytes, std::int64_t crc) {
+      c10::impl::GenericDict file(c10::StringType::get(), c10::AnyType::get());
+      file.insert("name", name);
+      file.insert("bytes", bytes);
+      file.insert("crc32", crc);
+      files.push_back(file);
+    };
+    for (int r = 0; r < world; ++r) {
+      list(optim_file(r, layout.bf16), everyone[r][0].item<std::int64_t>(), everyone[r][1].item<std::int64_t>());
+      if (layout.module_sharded && r != 0) {
+        list(model_file(r), everyone[r][2].item<std::int64_t>(), everyone[r][3].item<std::int64_t>());
+      }
+    }
+    checkpoint_metadata described = mine;
+    if (!layout.module_sharded) described.shards.clear();  // the module is whole in this file
+    std::vector<char> bytes = detail::serialize_checkpoint(path, subset(state, /*optimizers=*/false), {}, described);
+    checkpoint_contents contents = detail::parse_checkpoint(bytes, path);
+    contents.metadata = described;
+    contents.entries.insert(files_key, files);
+    write_checkpoint((staged / (layout.module_sharded ? model_file(0) : whole_model_file)).string(), contents);
+  };
+  if (layout.module_sharded) write_index();
+  else with_full_module(write_index);
+  if (rank == 0) {
+    publish_directory(staged.string(), (fs::path(path) / tag).string());
+    const std::string text = std::string(tag) + "\n";
+    write_file_atomically((fs::path(path) / latest_file).string(), std::vector<char>(text.begin(), text.end()));
+  }
+  if (group.valid()) group.barrier();
+}
+
+checkpoint_contents read_deepspeed_checkpoint(const std::string& path) {
+  std::error_code ec;
+  if (!is_deepspeed_checkpoint(path)) {
+    fail_checkpoint(path, "is not a DeepSpeed-layout checkpoint (a directory holding 'latest' and the tag directory "
+                          "it names)");
+  }
+  const fs::path directory = fs::path(path) / read_tag(path);
+  if (!fs::is_directory(directory, ec)) {
+    fail_checkpoint(path, "'latest' names " + directory.filename().string() + ", which is not a directory in it");
+  }
+  const bool sharded_module = fs::exists(directory / model_file(0), ec);
+  const fs::path index_path = directory / (sharded_module ? model_file(0) : whole_model_file);
+  if (!fs::exists(index_path, ec)) {
+    fail_checkpoint(directory.string(), "has neither " + std::string(whole_model_file) + " nor " + model_file(0) +
+                                            " (a save that did not finish, or not loom's); nothing was changed");
+  }
+  checkpoint_contents index = detail::parse_checkpoint(detail::read_file(index_path.string()), index_path.string());
+  auto listed = index.entries.find(files_key);
+  if (listed == index.entries.end() || !listed->value().isList()) {
+    fail_checkpoint(index_path.string(), "does not list the other files (not loom's)");
+  }
+  const int world = static_cast<int>(index.metadata.world_size);
+  std::vector<checkpoint_contents> optim(static_cast<std::size_t>(world));
+  std::vector<checkpoint_contents> model;
+  std::vector<std::pair<std::string, std::vector<char>>> files;
+  for (const auto& item : listed->value().toListRef()) {
+    const auto file = item.toGenericDict();
+    const std::string name = file.at("name").toStringRef();
+    const std::string file_path = (directory / name).string();
+    if (!fs::exists(file_path, ec)) {
+      fail_checkpoint(directory.string(), "is missing " + name + ", which " + index_path.filename().string() +
+                                              " lists; nothing was changed");
+    }
+    std::vector<char> bytes = detail::read_file(file_path);
+    if (static_cast<std::int64_t>(bytes.size()) != file.at("bytes").toInt()) {
+      fail_checkpoint(file_path, "has " + std::to_string(bytes.size()) + " bytes, " + index_path.filename().string() +
+                                     " says " + std::to_string(file.at("bytes").toInt()) +
+                                     " (torn or replaced); nothing was changed");
+    }
+    if (detail::crc32_of(bytes.data(), bytes.size()) != static_cast<std::uint32_t>(file.at("crc32").toInt())) {
+      fail_checkpoint(file_path, "does not match the CRC32 " + index_path.filename().string() +
+                                     " recorded (corrupted); nothing was changed");
+    }
+    files.emplace_back(file_path, std::move(bytes));
+  }
+  model.push_back(index);
+  for (auto& [file_path, bytes] : files) {
+    checkpoint_contents contents = detail::parse_checkpoint(bytes, file_path);
+    std::vector<char>().swap(bytes);
+    if (contents.metadata.world_size != world) {
+      fail_checkpoint(file_path, "was written by a job of " + std::to_string(contents.metadata.world_size) +
+                                     " ranks, " + index_path.filename().string() + " by one of " + std::to_string(world) +
+                                     " (files of two saves mixed)");
+    }
+    const auto r = static_cast<std::size_t>(contents.metadata.global_rank);
+    if (file_path.find("_optim_states.pt") != std::string::npos) {
+      if (r >= optim.size()) fail_checkpoint(file_path, "names rank " + std::to_string(r) + " of " + std::to_string(world));
+      optim[r] = std::move(contents);
+    } else {
+      model.push_back(std::move(contents));
+    }
+  }
+  for (std::size_t r = 0; r < optim.size(); ++r) {
+    if (optim[r].metadata.world_size == 0) {
+      fail_checkpoint(directory.string(), "has no optimizer file of rank " + std::to_string(r));
+    }
+  }
+  // The module: merged from every rank's slices (stage 3), or rank 0's whole.
+  (void)model.front().entries.erase(files_key);
+  std::sort(model.begin(), model.end(), [](const checkpoint_contents& a, const checkpoint_contents& b) {
+    return a.metadata.global_rank < b.metadata.global_rank;
+  });
+  checkpoint_contents out = sharded_module ? detail::merge_shards(model, path) : model.front();
+  checkpoint_contents optimizers = detail::merge_shards(optim, path);
+  for (const auto& item : optimizers.entries) out.entries.insert_or_assign(item.key(), item.value());
+  out.metadata.shards.clear();
+  out.metadata.global_rank = 0;
+  for (const auto& [entry, type] : optim.front().metadata.optimizer_types) out.metadata.optimizer_types[entry] = type;
+  return out;
+}
+
+}  // namespace loom
