@@ -24,24 +24,34 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <set>
 #include <string>
+#include <unordered_map>
 
 namespace loom_bench {
 
-// Counts the live bytes of every CPU tensor allocation, and their peak.
+// Counts the live bytes of every CPU tensor allocation, and their peak. The
+// DataPtr's context is the data pointer itself (c10's raw_allocate, which
+// bf16 kernels use, asserts it), so each allocation is found in a table.
 class counting_allocator final : public c10::Allocator {
  public:
-  explicit counting_allocator(c10::Allocator* inner) : inner_(inner) {}
+  explicit counting_allocator(c10::Allocator* inner) : inner_(inner) { self_ = this; }
   c10::DataPtr allocate(size_t bytes) LOOM_ALLOCATOR_ALLOCATE_CONST override {
-    auto* record = new allocation{inner_->allocate(bytes), bytes, this};
+    c10::DataPtr inner = inner_->allocate(bytes);
+    void* data = inner.get();
+    const c10::Device device = inner.device();
     const auto now = live_.fetch_add(static_cast<std::int64_t>(bytes)) + static_cast<std::int64_t>(bytes);
     auto peak = peak_.load();
     while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
     }
-    void* data = record->inner.get();
-    return {data, record, &release, record->inner.device()};
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      records_.emplace(data, record{std::move(inner), bytes});
+    }
+    return {data, data, &release, device};
   }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
 #if LOOM_ALLOCATOR_NEEDS_COPY_DATA
   void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
 #endif
@@ -50,17 +60,27 @@ class counting_allocator final : public c10::Allocator {
   void reset_peak() { peak_.store(live_.load()); }
 
  private:
-  struct allocation {
+  struct record {
     c10::DataPtr inner;
     size_t bytes;
-    const counting_allocator* owner;
   };
-  static void release(void* context) {
-    auto* record = static_cast<allocation*>(context);
-    record->owner->live_.fetch_sub(static_cast<std::int64_t>(record->bytes));
-    delete record;
+  static void release(void* data) {
+    if (data == nullptr) return;
+    counting_allocator& self = *self_;
+    record gone;
+    {
+      std::lock_guard<std::mutex> lock(self.mutex_);
+      auto found = self.records_.find(data);
+      if (found == self.records_.end()) return;
+      gone = std::move(found->second);
+      self.records_.erase(found);
+    }
+    self.live_.fetch_sub(static_cast<std::int64_t>(gone.bytes));
   }
+  static inline counting_allocator* self_ = nullptr;
   c10::Allocator* inner_;
+  mutable std::mutex mutex_;
+  mutable std::unordered_map<void*, record> records_;
   mutable std::atomic<std::int64_t> live_{0};
   mutable std::atomic<std::int64_t> peak_{0};
 };
@@ -130,6 +150,9 @@ memory_probe probe_memory(F& fabric, counting_allocator& counter, const at::Tens
   }
   auto& engine = *model.session().state();
   for (const auto& t : engine.held_tensors()) count(t);
+  if constexpr (requires { fabric.strategy().master_tensors(); }) {
+    for (const auto& t : fabric.strategy().master_tensors()) count(t);  // ZeRO's fp32 masters under bf16
+  }
   for (const auto& unit : engine.units()) out.padding += unit.padded - unit.numel;
   counter.reset_peak();
   reset_rss_peak();

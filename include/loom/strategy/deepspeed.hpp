@@ -9,10 +9,14 @@
 #pragma once
 
 #include <loom/errors.hpp>
+#include <loom/precision/convert.hpp>
 #include <loom/strategy/deepspeed_options.hpp>
 #include <loom/strategy/fsdp.hpp>
 #include <loom/strategy/zero_config.hpp>
 
+#include <ATen/autocast_mode.h>
+
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -20,6 +24,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace loom {
 
@@ -42,11 +47,9 @@ struct deepspeed : fsdp {
   void setup_environment(const strategy_environment& environment) {
     fsdp::setup_environment(environment);
     config_ = resolve_zero_config(arguments_, precision_, world_size());
-    if (config_.bf16 || config_.fp16.enabled) {
-      throw configuration_error("deepspeed: precision " + precision_ + " (DeepSpeed's " +
-                                (config_.bf16 ? "bf16" : "fp16") +
-                                " mode: the module in 16 bits, an fp32 master partition per rank) is not built yet; "
-                                "use 32-true");
+    if (config_.fp16.enabled && precision_ != "16-mixed") {
+      throw configuration_error("deepspeed: fp16 (DeepSpeed's dynamic loss scaling) takes precision 16-mixed, not " +
+                                precision_);
     }
     if (config_.offload_optimizer.device == offload_device::nvme ||
         config_.offload_param.device == offload_device::nvme) {
@@ -82,7 +85,34 @@ struct deepspeed : fsdp {
       throw configuration_error("deepspeed: zero_allow_untested_optimizer is false and this optimizer is not one "
                                 "loom has tested with ZeRO (SGD, Adam, AdamW, RMSprop, Adagrad)");
     }
-    return fsdp::setup_module(module, move_to_device);
+    // DeepSpeed's bf16 mode (bf16-mixed and bf16-true alike): the module in
+    // bf16 and computed without autocast; each rank keeps an fp32 master of
+    // its partition, which the optimizer steps (its state is fp32 too).
+    if (config_.bf16) convert_module_floating(module, at::kBFloat16);
+    module_state engine = fsdp::setup_module(module, move_to_device);
+    if (config_.bf16) {
+      at::NoGradGuard no_grad;
+      for (auto& group : optimizer.param_groups()) {
+        for (auto& parameter : group.params()) {
+          if (parameter.is_floating_point()) masters_.push_back({parameter, parameter.detach().to(at::kFloat), {}, {}});
+        }
+      }
+    }
+    return engine;
+  }
+
+  // Under bf16 the module computes in bf16 without the precision's autocast
+  // (what DeepSpeed does); otherwise as FSDP.
+  template <class Forward>
+  auto forward(module_state& engine, torch::nn::Module& module, Forward&& run) {
+    if (!config_.bf16) return fsdp::forward(engine, module, std::forward<Forward>(run));
+    const bool was = at::autocast::is_cpu_enabled();
+    at::autocast::set_cpu_enabled(false);
+    struct restore {
+      bool was;
+      ~restore() { at::autocast::set_cpu_enabled(was); }
+    } guard{was};
+    return fsdp::forward(engine, module, std::forward<Forward>(run));
   }
 
   // DeepSpeed's engine.backward: the loss scaled by 1/gradient_accumulation_steps,
@@ -111,6 +141,10 @@ struct deepspeed : fsdp {
   void optimizer_step(P& precision, torch::optim::Optimizer& optimizer, optimizer_slot slot) {
     ++micro_steps_;
     if (micro_steps_ % config_.gradient_accumulation_steps != 0) return;
+    if (!masters_.empty()) {
+      step_masters(precision, optimizer, slot);
+      return;
+    }
     if (config_.gradient_clipping > 0) {
       for (const auto& weak : engines_) {
         if (auto engine = weak.lock()) engine->clip_gradients(clip_options{.max_norm = config_.gradient_clipping});
@@ -186,6 +220,31 @@ struct deepspeed : fsdp {
   // or a full file); with load_full_weights, one full file's module weights
   // only, as Lightning.
   state load_checkpoint(const std::string& path, const state& checkpoint, bool strict) {
+    state rest = load_state(path, checkpoint, strict);
+    // bf16: the fp32 masters are rebuilt from the loaded bf16 weights.
+    at::NoGradGuard no_grad;
+    for (auto& m : masters_) m.master.copy_(m.param.detach());
+    return rest;
+  }
+
+  const zero_config& config() const noexcept { return config_; }
+  const deepspeed_options& arguments() const noexcept { return arguments_; }
+  // Micro-batches stepped so far (DeepSpeed's micro_steps).
+  std::int64_t micro_steps() const noexcept { return micro_steps_; }
+  // Bytes of the fp32 master partitions (bf16 mode).
+  std::int64_t master_bytes() const noexcept {
+    std::int64_t total = 0;
+    for (const auto& m : masters_) total += static_cast<std::int64_t>(m.master.numel()) * 4;
+    return total;
+  }
+  std::vector<at::Tensor> master_tensors() const {
+    std::vector<at::Tensor> out;
+    for (const auto& m : masters_) out.push_back(m.master);
+    return out;
+  }
+
+ private:
+  state load_state(const std::string& path, const state& checkpoint, bool strict) {
     if (!config_.load_full_weights) return fsdp::load_checkpoint(path, checkpoint, strict);
     if (std::filesystem::is_directory(path)) {
       throw configuration_error("deepspeed: load_full_weights=True loads one full checkpoint file (a full save, or "
@@ -199,10 +258,50 @@ struct deepspeed : fsdp {
     return {};
   }
 
-  const zero_config& config() const noexcept { return config_; }
-  const deepspeed_options& arguments() const noexcept { return arguments_; }
-  // Micro-batches stepped so far (DeepSpeed's micro_steps).
-  std::int64_t micro_steps() const noexcept { return micro_steps_; }
+
+  // bf16: the optimizer steps the fp32 masters with the gradients in fp32
+  // (reduced in fp32 already), clipped there; the result is cast back into
+  // the bf16 partition.
+  template <class P>
+  void step_masters(P& precision, torch::optim::Optimizer& optimizer, optimizer_slot slot) {
+    at::NoGradGuard no_grad;
+    for (auto& m : masters_) {
+      m.low = m.param.detach();
+      m.low_grad = m.param.grad();
+      m.param.set_data(m.master);
+      m.param.mutable_grad() = m.low_grad.defined() ? m.low_grad.to(at::kFloat) : at::Tensor();
+    }
+    auto restore = [&] {
+      for (auto& m : masters_) {
+        m.param.set_data(m.low);
+        m.param.mutable_grad() = m.low_grad;
+        m.low = at::Tensor();
+        m.low_grad = at::Tensor();
+      }
+    };
+    try {
+      if (config_.gradient_clipping > 0) clip_masters(config_.gradient_clipping);
+      precision.optimizer_step(optimizer, slot);
+    } catch (...) {
+      restore();
+      throw;
+    }
+    for (auto& m : masters_) m.low.copy_(m.master);
+    restore();
+  }
+  // The norm over every rank's fp32 gradient partitions.
+  void clip_masters(double max_norm) {
+    at::Tensor total = at::zeros({1}, at::kDouble);
+    for (auto& m : masters_) {
+      if (m.param.grad().defined()) total += m.param.grad().to(at::kDouble).pow(2).sum();
+    }
+    if (config_.stage > 0 && world_size() > 1) group().all_reduce(total, reduce_op::sum);
+    const double coefficient = max_norm / (std::sqrt(total.item<double>()) + 1e-6);
+    if (coefficient >= 1.0) return;
+    for (auto& m : masters_) {
+      if (m.param.grad().defined()) m.param.mutable_grad().mul_(coefficient);
+    }
+  }
 
  protected:
   // Lightning's presets: the arguments they fix over the user's.
@@ -239,6 +338,10 @@ struct deepspeed : fsdp {
                                                                      : at::kFloat;
       engine.mixed_precision = fsdp_mixed_precision{.reduce_dtype = dtype};
     }
+    // bf16: Gloo cannot move bf16, and DeepSpeed reduces bf16 gradients in fp32.
+    if (config.bf16 && config.communication_data_type.empty()) {
+      engine.mixed_precision = fsdp_mixed_precision{.reduce_dtype = at::kFloat};
+    }
     engine.state_dict = state_dict_type::sharded;
     return engine;
   }
@@ -248,9 +351,16 @@ struct deepspeed : fsdp {
     }
   }
 
+  // bf16: a parameter (its data the bf16 partition between steps) and its
+  // fp32 master; low and low_grad hold the bf16 tensors during a step.
+  struct master_slot {
+    at::Tensor param, master, low, low_grad;
+  };
+
   deepspeed_options arguments_;
   zero_config config_;
   std::int64_t micro_steps_ = 0;
+  std::vector<master_slot> masters_;
 };
 
 // Lightning's registered presets (DeepSpeedStrategy.register_strategies).
