@@ -134,3 +134,49 @@ TEST_CASE("autocast_guard nests, restores and clears the cast cache", "[precisio
   }
   CHECK_FALSE(autocast_enabled(c10::DeviceType::CPU));
 }
+
+TEST_CASE("ZeRO's loss scaler follows DeepSpeed's DynamicLossScaler: hysteresis, window, floor, static",
+          "[precision][scaler][zero]") {
+  loom::zero_loss_scaler scaler({.enabled = true, .initial_scale_power = 4, .loss_scale_window = 3, .hysteresis = 2,
+                                 .min_loss_scale = 4});
+  CHECK(scaler.scale() == 16.0);
+  std::vector<double> scales;
+  // clean, clean, clean (x2 after 3), overflow (hysteresis 2 -> 1, scale kept), overflow (halved),
+  // overflow (halved), overflow (floor 4), clean x3 (x2)
+  for (bool overflow : {false, false, false, true, true, true, true, false, false, false}) {
+    scaler.update(overflow);
+    scales.push_back(scaler.scale());
+  }
+  CHECK((scales == std::vector<double>{16, 16, 32, 32, 16, 8, 4, 4, 4, 8}));
+  CHECK(scaler.hysteresis_left() == 2);  // restored when the scale grew
+
+  loom::zero_loss_scaler fixed({.enabled = true, .loss_scale = 128});
+  CHECK_FALSE(fixed.dynamic());
+  fixed.update(true);
+  CHECK(fixed.scale() == 128.0);
+
+  // State round trip under DeepSpeed's names.
+  loom::zero_loss_scaler restored;
+  restored.load_state_dict(scaler.state_dict());
+  CHECK(restored.scale() == 8.0);
+  CHECK(restored.iteration() == 10);
+  CHECK_THROWS_WITH(restored.load_state_dict(c10::IValue(3)), Catch::Contains("not a dict"));
+}
+
+TEST_CASE("ZeRO's loss scaler skips the step on injected inf or nan gradients", "[precision][scaler][zero]") {
+  const float poison = GENERATE(std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                                std::numeric_limits<float>::quiet_NaN());
+  loom::zero_loss_scaler scaler({.enabled = true, .initial_scale_power = 8, .hysteresis = 1});
+  tiny t;
+  scaler.scale_loss(t.loss()).backward();
+  CHECK(torch::equal(t.weight.grad(), at::tensor({256.0F, 512.0F, 768.0F})));
+  t.weight.mutable_grad()[1] = poison;
+  const auto before = t.weight.detach().clone();
+  CHECK_FALSE(scaler.step(t.optimizer));
+  CHECK(torch::equal(t.weight.detach(), before));  // untouched
+  CHECK(scaler.scale() == 128.0);                  // hysteresis 1: halved at once
+  t.optimizer.zero_grad();
+  scaler.scale_loss(t.loss()).backward();
+  CHECK(scaler.step(t.optimizer));                 // finite: unscaled exactly, stepped
+  CHECK(torch::allclose(t.weight, at::tensor({0.9F, 0.8F, 0.7F})));
+}

@@ -42,6 +42,7 @@
 #include <loom/strategy/fsdp_engine.hpp>
 #include <loom/strategy/fsdp_options.hpp>
 #include <loom/strategy/zero_config.hpp>
+#include <loom/strategy/zero_loss_scaler.hpp>
 #include <loom/strategy/no_sync_guard.hpp>
 #include <loom/strategy/unit.hpp>
 #include <loom/strategy/distributed_runtime.hpp>

@@ -13,6 +13,7 @@
 #include <loom/strategy/deepspeed_options.hpp>
 #include <loom/strategy/fsdp.hpp>
 #include <loom/strategy/zero_config.hpp>
+#include <loom/strategy/zero_loss_scaler.hpp>
 
 #include <ATen/autocast_mode.h>
 
@@ -64,6 +65,7 @@ struct deepspeed : fsdp {
       for (const auto& notice : config_.notices) std::cerr << "loom deepspeed: notice: " << notice << '\n';
     }
     options_ = engine_options(config_);
+    scaler_ = zero_loss_scaler(config_.fp16);
   }
 
   // The module with its one optimizer (Lightning's rule): the engine shards
@@ -88,9 +90,11 @@ struct deepspeed : fsdp {
     // DeepSpeed's bf16 mode (bf16-mixed and bf16-true alike): the module in
     // bf16 and computed without autocast; each rank keeps an fp32 master of
     // its partition, which the optimizer steps (its state is fp32 too).
+    // fp16 (16-mixed) the same in float16, under DeepSpeed's loss scaler.
     if (config_.bf16) convert_module_floating(module, at::kBFloat16);
+    if (config_.fp16.enabled) convert_module_floating(module, at::kHalf);
     module_state engine = fsdp::setup_module(module, move_to_device);
-    if (config_.bf16) {
+    if (config_.bf16 || config_.fp16.enabled) {
       at::NoGradGuard no_grad;
       for (auto& group : optimizer.param_groups()) {
         for (auto& parameter : group.params()) {
@@ -105,7 +109,7 @@ struct deepspeed : fsdp {
   // (what DeepSpeed does); otherwise as FSDP.
   template <class Forward>
   auto forward(module_state& engine, torch::nn::Module& module, Forward&& run) {
-    if (!config_.bf16) return fsdp::forward(engine, module, std::forward<Forward>(run));
+    if (!config_.bf16 && !config_.fp16.enabled) return fsdp::forward(engine, module, std::forward<Forward>(run));
     const bool was = at::autocast::is_cpu_enabled();
     at::autocast::set_cpu_enabled(false);
     struct restore {
@@ -117,17 +121,23 @@ struct deepspeed : fsdp {
 
   // DeepSpeed's engine.backward: the loss scaled by 1/gradient_accumulation_steps,
   // gradients reduced on the accumulation boundary only.
+  // Under fp16 the loss is multiplied by DeepSpeed's loss scale (not the
+  // precision's GradScaler).
   template <class P>
   void backward(P& precision, const at::Tensor& loss) {
     const std::int64_t k = config_.gradient_accumulation_steps;
+    auto run = [&](const at::Tensor& scaled) {
+      if (config_.fp16.enabled) scaler_.scale_loss(scaled).backward();
+      else precision.backward(scaled);
+    };
     if (k == 1) {
-      precision.backward(loss);
+      run(loss);
       return;
     }
     const bool boundary = (micro_steps_ + 1) % k == 0;
     set_sync(boundary);
     try {
-      precision.backward(loss / static_cast<double>(k));
+      run(loss / static_cast<double>(k));
     } catch (...) {
       set_sync(true);
       throw;
@@ -231,6 +241,8 @@ struct deepspeed : fsdp {
   const deepspeed_options& arguments() const noexcept { return arguments_; }
   // Micro-batches stepped so far (DeepSpeed's micro_steps).
   std::int64_t micro_steps() const noexcept { return micro_steps_; }
+  // DeepSpeed's loss scaler (fp16).
+  const zero_loss_scaler& loss_scaler() const noexcept { return scaler_; }
   // Bytes of the fp32 master partitions (bf16 mode).
   std::int64_t master_bytes() const noexcept {
     std::int64_t total = 0;
@@ -280,8 +292,20 @@ struct deepspeed : fsdp {
       }
     };
     try {
-      if (config_.gradient_clipping > 0) clip_masters(config_.gradient_clipping);
-      precision.optimizer_step(optimizer, slot);
+      if (config_.fp16.enabled) {
+        // DeepSpeed: unscale, skip the step if any rank overflowed, clip, step, update the scale.
+        const bool overflow = scaler_.unscale_and_check(optimizer, &group());
+        if (!overflow) {
+          if (config_.gradient_clipping > 0) clip_masters(config_.gradient_clipping);
+          optimizer.step();
+        }
+        scaler_.update(overflow);
+        (void)precision;
+        (void)slot;
+      } else {
+        if (config_.gradient_clipping > 0) clip_masters(config_.gradient_clipping);
+        precision.optimizer_step(optimizer, slot);
+      }
     } catch (...) {
       restore();
       throw;
@@ -361,6 +385,7 @@ struct deepspeed : fsdp {
   zero_config config_;
   std::int64_t micro_steps_ = 0;
   std::vector<master_slot> masters_;
+  zero_loss_scaler scaler_;
 };
 
 // Lightning's registered presets (DeepSpeedStrategy.register_strategies).
