@@ -41,6 +41,7 @@
 #include <loom/strategy/fsdp.hpp>
 #include <loom/strategy/fsdp_engine.hpp>
 #include <loom/strategy/fsdp_options.hpp>
+#include <loom/strategy/nvme_stream.hpp>
 #include <loom/strategy/zero_config.hpp>
 #include <loom/strategy/zero_loss_scaler.hpp>
 #include <loom/strategy/no_sync_guard.hpp>

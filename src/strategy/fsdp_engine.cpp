@@ -999,6 +999,14 @@ std::vector<unit_summary> fsdp_engine::units() const {
   return out;
 }
 
+std::vector<std::pair<at::Tensor, at::Tensor>> fsdp_engine::partitions() const {
+  std::vector<std::pair<at::Tensor, at::Tensor>> out;
+  for (const auto& unit : impl_->units) {
+    if (!unit->params.empty()) out.emplace_back(unit->shard, unit->grad_shard);
+  }
+  return out;
+}
+
 std::int64_t fsdp_engine::parameter_shard_bytes() const {
   std::int64_t total = 0;
   for (const auto& unit : impl_->units) total += static_cast<std::int64_t>(unit->shard.storage().nbytes());

@@ -12,16 +12,20 @@
 #include <loom/precision/convert.hpp>
 #include <loom/strategy/deepspeed_options.hpp>
 #include <loom/strategy/fsdp.hpp>
+#include <loom/strategy/nvme_stream.hpp>
 #include <loom/strategy/zero_config.hpp>
 #include <loom/strategy/zero_loss_scaler.hpp>
 
 #include <ATen/autocast_mode.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
 
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <iostream>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -52,10 +56,17 @@ struct deepspeed : fsdp {
       throw configuration_error("deepspeed: fp16 (DeepSpeed's dynamic loss scaling) takes precision 16-mixed, not " +
                                 precision_);
     }
-    if (config_.offload_optimizer.device == offload_device::nvme ||
-        config_.offload_param.device == offload_device::nvme) {
-      throw configuration_error("deepspeed: NVMe offload (offload_*.device = \"nvme\") is not built yet; use \"cpu\" "
-                                "or \"none\"");
+    if (config_.offload_param.device == offload_device::nvme) {
+      throw configuration_error("deepspeed: offload_param.device = \"nvme\" (parameter partitions on NVMe) is not "
+                                "built yet; offload_optimizer.device = \"nvme\" is, and offload_param \"cpu\"");
+    }
+    if (config_.offload_optimizer.device == offload_device::nvme) {
+      if (config_.bf16 || config_.fp16.enabled) {
+        throw configuration_error("deepspeed: NVMe optimizer offload under " + precision_ + " (fp32 masters on NVMe) "
+                                  "is not built yet; it runs under 32-true");
+      }
+      // Before training starts: a missing or unwritable nvme_path is named now.
+      detail::nvme_stream::check_directory(config_.offload_optimizer.nvme_path);
     }
     if (config_.exclude_frozen_parameters) {
       throw configuration_error("deepspeed: exclude_frozen_parameters=True is not built yet; leave it False (frozen "
@@ -94,6 +105,7 @@ struct deepspeed : fsdp {
     if (config_.bf16) convert_module_floating(module, at::kBFloat16);
     if (config_.fp16.enabled) convert_module_floating(module, at::kHalf);
     module_state engine = fsdp::setup_module(module, move_to_device);
+    if (config_.offload_optimizer.device == offload_device::nvme) start_nvme(optimizer, *engine);
     if (config_.bf16 || config_.fp16.enabled) {
       at::NoGradGuard no_grad;
       for (auto& group : optimizer.param_groups()) {
@@ -155,6 +167,16 @@ struct deepspeed : fsdp {
       step_masters(precision, optimizer, slot);
       return;
     }
+    if (nvme_) {
+      // The optimizer's state is on NVMe: its step is streamed (Adam's math, sub-group by sub-group).
+      if (config_.gradient_clipping > 0) {
+        for (const auto& weak : engines_) {
+          if (auto engine = weak.lock()) engine->clip_gradients(clip_options{.max_norm = config_.gradient_clipping});
+        }
+      }
+      nvme_->step(hyper_of(optimizer));
+      return;
+    }
     if (config_.gradient_clipping > 0) {
       for (const auto& weak : engines_) {
         if (auto engine = weak.lock()) engine->clip_gradients(clip_options{.max_norm = config_.gradient_clipping});
@@ -197,6 +219,7 @@ struct deepspeed : fsdp {
   // stages 0-2) or in each rank's slices (stage 3).
   void save_checkpoint(const std::string& path, const state& checkpoint, const state_filter& filter,
                        const checkpoint_metadata& metadata) {
+    refuse_with_nvme("fabric.save");
     if (!filter.empty()) {
       throw configuration_error("deepspeed: a filter is refused for ZeRO saves (each rank writes its partition); "
                                 "save, then filter the consolidated file (loom-run consolidate)");
@@ -230,6 +253,7 @@ struct deepspeed : fsdp {
   // or a full file); with load_full_weights, one full file's module weights
   // only, as Lightning.
   state load_checkpoint(const std::string& path, const state& checkpoint, bool strict) {
+    refuse_with_nvme("fabric.load");
     state rest = load_state(path, checkpoint, strict);
     // bf16: the fp32 masters are rebuilt from the loaded bf16 weights.
     at::NoGradGuard no_grad;
@@ -243,6 +267,8 @@ struct deepspeed : fsdp {
   std::int64_t micro_steps() const noexcept { return micro_steps_; }
   // DeepSpeed's loss scaler (fp16).
   const zero_loss_scaler& loss_scaler() const noexcept { return scaler_; }
+  // The NVMe optimizer stream (offload_optimizer.device "nvme"), or nullptr.
+  const detail::nvme_stream* nvme() const noexcept { return nvme_.get(); }
   // Bytes of the fp32 master partitions (bf16 mode).
   std::int64_t master_bytes() const noexcept {
     std::int64_t total = 0;
@@ -256,6 +282,49 @@ struct deepspeed : fsdp {
   }
 
  private:
+  void start_nvme(torch::optim::Optimizer& optimizer, detail::fsdp_engine& engine) {
+    (void)hyper_of(optimizer);  // Adam or AdamW, one group: refused otherwise
+    std::vector<at::Tensor> parameters, gradients;
+    for (auto& [parameter, gradient] : engine.partitions()) {
+      parameters.push_back(parameter);
+      gradients.push_back(gradient);
+    }
+    const auto& offload = config_.offload_optimizer;
+    nvme_ = std::make_unique<detail::nvme_stream>(
+        detail::nvme_stream_options{.directory = offload.nvme_path,
+                                    .rank = global_rank(),
+                                    .sub_group_size = config_.sub_group_size,
+                                    .buffer_count = static_cast<int>(offload.buffer_count),
+                                    .queue_depth = static_cast<int>(config_.aio.queue_depth),
+                                    .block_size = config_.aio.block_size},
+        std::move(parameters), std::move(gradients));
+  }
+  static detail::adam_hyper hyper_of(torch::optim::Optimizer& optimizer) {
+    if (optimizer.param_groups().size() != 1) {
+      throw configuration_error("deepspeed: NVMe optimizer offload takes an optimizer with one parameter group; it "
+                                "has " + std::to_string(optimizer.param_groups().size()));
+    }
+    auto& options = optimizer.param_groups().front().options();
+    if (auto* adamw = dynamic_cast<torch::optim::AdamWOptions*>(&options)) {
+      if (adamw->amsgrad()) throw configuration_error("deepspeed: NVMe optimizer offload does not stream amsgrad");
+      return {adamw->lr(), std::get<0>(adamw->betas()), std::get<1>(adamw->betas()), adamw->eps(),
+              adamw->weight_decay(), /*decoupled=*/true};
+    }
+    if (auto* adam = dynamic_cast<torch::optim::AdamOptions*>(&options)) {
+      if (adam->amsgrad()) throw configuration_error("deepspeed: NVMe optimizer offload does not stream amsgrad");
+      return {adam->lr(), std::get<0>(adam->betas()), std::get<1>(adam->betas()), adam->eps(), adam->weight_decay(),
+              /*decoupled=*/false};
+    }
+    throw configuration_error("deepspeed: NVMe optimizer offload streams Adam's and AdamW's state (DeepSpeed's "
+                              "offloaded optimizers are Adam variants); pass torch::optim::Adam or AdamW");
+  }
+  void refuse_with_nvme(const char* what) const {
+    if (nvme_) {
+      throw configuration_error(std::string("deepspeed: ") + what + " with the optimizer state on NVMe is not built "
+                                "yet (the state would have to be read back from nvme_path)");
+    }
+  }
+
   state load_state(const std::string& path, const state& checkpoint, bool strict) {
     if (!config_.load_full_weights) return fsdp::load_checkpoint(path, checkpoint, strict);
     if (std::filesystem::is_directory(path)) {
@@ -386,6 +455,7 @@ struct deepspeed : fsdp {
   std::int64_t micro_steps_ = 0;
   std::vector<master_slot> masters_;
   zero_loss_scaler scaler_;
+  std::unique_ptr<detail::nvme_stream> nvme_;
 };
 
 // Lightning's registered presets (DeepSpeedStrategy.register_strategies).

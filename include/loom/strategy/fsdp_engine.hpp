@@ -21,6 +21,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace torch::nn {
@@ -93,6 +94,9 @@ class fsdp_engine {
   static bool knows_state_layout(torch::optim::Optimizer& optimizer);
 
   std::vector<unit_summary> units() const;
+  // Each unit's flat parameter partition on this rank and its gradient
+  // partition (1-D, padding included), for ZeRO's NVMe optimizer stream.
+  std::vector<std::pair<at::Tensor, at::Tensor>> partitions() const;
   const fsdp_counters& counters() const noexcept;
   int shard_size() const noexcept;
   int replicate_size() const noexcept;

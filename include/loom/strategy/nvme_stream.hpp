@@ -1,0 +1,75 @@
+// ZeRO-Infinity's optimizer offload to NVMe (DeepSpeed offload_optimizer
+// device "nvme"), for loom::deepspeed: the Adam state of this rank's
+// partition lives in one file under nvme_path, opened with O_DIRECT, and is
+// streamed through buffer_count aligned host buffers, one sub-group
+// (sub_group_size elements) at a time, with io_uring: while the step of
+// sub-group g runs, the reads of the next sub-groups and the write of the
+// previous one are in flight. Host memory holds only the buffers. The file
+// is removed when the stream goes. Compiled in src/ (liburing stays there).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace loom::detail {
+
+// Adam's (and AdamW's) hyperparameters, as LibTorch's optimizers hold them.
+struct adam_hyper {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
+  bool decoupled = false;  // AdamW
+};
+
+struct nvme_stream_options {
+  std::string directory;          // nvme_path
+  int rank = 0;
+  std::int64_t sub_group_size = 1'000'000'000'000;  // elements per sub-group
+  int buffer_count = 4;           // offload_optimizer.buffer_count
+  int queue_depth = 8;            // aio.queue_depth
+  std::int64_t block_size = 1'048'576;  // aio.block_size: bytes per request
+};
+
+// What the stream did, for tests and bench/zero_offload.sh.
+struct nvme_counters {
+  std::uint64_t steps = 0;
+  std::uint64_t sub_groups = 0;       // per step
+  std::uint64_t bytes_read = 0, bytes_written = 0;
+  double read_busy_seconds = 0;       // time with at least one read in flight
+  double write_busy_seconds = 0;      // time with at least one write in flight
+  std::int64_t buffer_bytes = 0;      // every buffer, as allocated
+  std::int64_t state_bytes_per_sub_group = 0;
+};
+
+class nvme_stream {
+ public:
+  // segments: this rank's flat parameter partitions (1-D, fp32) and their
+  // gradients, in order; they are cut into sub-groups. Checks the directory
+  // (exists, writable, O_DIRECT) and creates the state file.
+  nvme_stream(const nvme_stream_options& options, std::vector<at::Tensor> parameters, std::vector<at::Tensor> gradients);
+  nvme_stream(const nvme_stream&) = delete;
+  nvme_stream& operator=(const nvme_stream&) = delete;
+  ~nvme_stream();
+
+  // One Adam step over every sub-group: the state read, updated as
+  // torch::optim::Adam/AdamW update it, and written back.
+  void step(const adam_hyper& hyper);
+
+  const nvme_counters& counters() const noexcept;
+  std::string file() const;
+  // The buffers (for counting storages once).
+  std::vector<at::Tensor> buffers() const;
+
+  // Throws loom::configuration_error naming the path when it does not exist,
+  // is not a writable directory, or its file system refuses O_DIRECT.
+  static void check_directory(const std::string& directory);
+
+  struct impl;
+
+ private:
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace loom::detail
