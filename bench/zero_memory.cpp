@@ -12,7 +12,9 @@
 // fp32 master partition and Adam state) the mixed-precision ones:
 //   stage 1: 4Ψ + 12Ψ/N, stage 2: 2Ψ + 14Ψ/N, stage 3: 16Ψ/N
 //
-//   OMP_NUM_THREADS=1 build/bench/zero_memory 2
+// and stage 3 with the optimizer state on NVMe (NVME_DIR, default /tmp).
+//
+//   OMP_NUM_THREADS=1 build/bench/zero_memory 2 [NVME_DIR]
 #include "memory_probe.hpp"
 
 #include <loom/loom.hpp>
@@ -27,6 +29,8 @@ using loom_bench::mib;
 int main(int argc, char** argv) {
   auto& counter = loom_bench::install_counting_allocator();
   const int devices = argc > 1 ? std::atoi(argv[1]) : 2;
+  // NVMe offload's directory: on a local disk with direct I/O (not tmpfs).
+  const std::string nvme_path = argc > 2 ? argv[2] : "/tmp";
   using zero_fabric = loom::Fabric<loom::cpu, loom::deepspeed, loom::fp32>;
   zero_fabric launcher({.devices = loom::devices_spec(devices)});
   launcher.launch();
@@ -75,6 +79,44 @@ int main(int argc, char** argv) {
                            : stage == 2 ? 2 * psi + 14 * psi / n + 2 * pad + 2 * pad / n
                                         : 16 * psi / n + 4 * pad / n;
     row(std::to_string(stage) + " bf16", stage == 1 ? "4P + 12P/N" : stage == 2 ? "2P + 14P/N" : "16P/N", m, formula);
+  }
+  // NVMe optimizer offload (stage 3): sub-groups of sub_group_size elements
+  // (a rank's partition spans >= 8 of them), buffer_count 4: the optimizer
+  // state resident is the buffers, which must be <= 4 x one sub-group's
+  // state; /proc/self/io must grow each step by at least the state's bytes.
+  {
+    const std::int64_t sub_group = static_cast<std::int64_t>(psi / n / 10);
+    loom::deepspeed_options options{.stage = 3,
+                                    .offload_optimizer = true,
+                                    .offload_optimizer_device = "nvme",
+                                    .nvme_path = nvme_path,
+                                    .optimizer_buffer_count = 4,
+                                    .sub_group_size = sub_group};
+    zero_fabric fabric({}, loom::deepspeed(options));
+    const auto m = loom_bench::probe_memory(fabric, counter, inputs, targets);
+    const double pad = static_cast<double>(m.padding);
+    const double resident = static_cast<double>(m.held_b) - (8 * psi / n + 8 * pad / n);  // minus parameters, gradients
+    const double allowed = 4.0 * static_cast<double>(m.nvme_group_bytes);
+    const double state = 8.0 * static_cast<double>(m.partition_elements);
+    const bool ok = m.nvme_sub_groups >= 8 && resident <= allowed + 4 * 4096 && m.optimizer_state_empty &&
+                    static_cast<double>(m.last_step_io.read) >= state && static_cast<double>(m.last_step_io.written) >= state;
+    all_within = all_within && ok;
+    if (report) {
+      std::printf("3 nvme: %lld sub-groups of %lld elements; optimizer state resident (held (b) - 8P/N - pad) = "
+                  "%.2f MiB <= buffer_count 4 x %.2f MiB = %.2f MiB (+ alignment): %s; optimizer object state empty: "
+                  "%s\n", static_cast<long long>(m.nvme_sub_groups), static_cast<long long>(sub_group),
+                  mib(static_cast<std::int64_t>(resident)), mib(m.nvme_group_bytes),
+                  mib(static_cast<std::int64_t>(allowed)), resident <= allowed + 4 * 4096 ? "yes" : "NO",
+                  m.optimizer_state_empty ? "yes" : "NO");
+      std::printf("3 nvme: one step moved read_bytes %.2f MiB, write_bytes %.2f MiB (/proc/self/io) for %.2f MiB of "
+                  "Adam state (8 bytes x %lld elements): %s; held (a) %.2f MiB, held (b) %.2f MiB, formula 8P/N + "
+                  "buffers %.2f MiB\n", mib(m.last_step_io.read), mib(m.last_step_io.written),
+                  mib(static_cast<std::int64_t>(state)), static_cast<long long>(m.partition_elements),
+                  static_cast<double>(m.last_step_io.read) >= state && static_cast<double>(m.last_step_io.written) >= state
+                      ? "yes" : "NO",
+                  mib(m.held_a), mib(m.held_b), mib(static_cast<std::int64_t>(8 * psi / n + 8 * pad / n) + m.nvme_buffer_bytes));
+      std::fflush(stdout);
+    }
   }
   if (report) {
     std::printf("(P = psi; step peak: live bytes during one step above what is held between steps; setup peak: "
