@@ -1,0 +1,47 @@
+#!/bin/sh
+# bench/zero_offload.sh BUILD_DIR [NVME_DIR] [ROUNDS]
+# ZeRO stage 3 with the optimizer state on NVMe (a directory on local disk,
+# default a fresh one under /tmp), 2 ranks, MLP 784-1024-1024-1024-10, batch
+# 64 per rank, Adam (build/bench/zero_offload_bench): per-step time and the
+# optimizer stream's read and write throughput on rank 0 (bytes / time with
+# at least one request in flight; the other rank streams to the same disk at
+# the same time), beside the same disk's sequential direct-I/O throughput:
+#   dd if=/dev/zero of=NVME/dd bs=1M count=256 oflag=direct conv=fsync
+#   dd if=NVME/dd of=/dev/null bs=1M iflag=direct
+# dd and loom alternate ROUNDS times (default 5); medians. The last line is
+# read_ratio=R write_ratio=W (loom / dd; goal >= 0.70).
+set -eu
+build=$(realpath "${1:-build}")
+rounds=${3:-5}
+here=$(dirname "$(realpath "$0")")
+work=$(mktemp -d)
+nvme=${2:-$work/nvme}
+mkdir -p "$nvme"
+trap 'rm -rf "$work" "$nvme/dd"' EXIT
+export OMP_NUM_THREADS=1
+
+mbps() {  # dd's summary line -> MB/s (10^6 bytes)
+  awk '/copied/ { for (i = 1; i <= NF; i++) if ($i ~ /^[0-9.]+$/ && $(i+1) ~ /s,$/) t = $i; b = $1; printf "%.1f\n", b / t / 1e6 }'
+}
+for round in $(seq 1 "$rounds"); do
+  dd if=/dev/zero of="$nvme/dd" bs=1M count=256 oflag=direct conv=fsync 2>&1 | mbps >> "$work/dd_write"
+  dd if="$nvme/dd" of=/dev/null bs=1M iflag=direct 2>&1 | mbps >> "$work/dd_read"
+  rm -f "$nvme/dd"
+  "$build/tools/loom-run" --accelerator cpu --strategy deepspeed_stage_3 --devices 2 \
+    "$build/bench/zero_offload_bench" "$nvme" 20 >> "$work/loom" 2>/dev/null
+done
+
+median() { sort -n | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.4f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+field() { grep -o " $1=[0-9.]*" "$work/loom" | cut -d= -f2 | median; }
+step=$(grep -o "^step_ms=[0-9.]*" "$work/loom" | cut -d= -f2 | median)
+read=$(field read_MBps)
+write=$(field write_MBps)
+dd_read=$(median < "$work/dd_read")
+dd_write=$(median < "$work/dd_write")
+echo "NVMe optimizer offload, stage 3, 2 ranks, $(grep -o 'sub_groups=[0-9]*' "$work/loom" | head -n 1) per rank,"
+echo "$(field read_MB) MB read and $(field written_MB) MB written per step per rank ($rounds rounds, $(grep -c '^step_ms' "$work/loom") steps):"
+echo "  step_ms median $step"
+echo "  loom read  $read MB/s   dd read  $dd_read MB/s (iflag=direct)"
+echo "  loom write $write MB/s   dd write $dd_write MB/s (oflag=direct conv=fsync)"
+awk -v r="$read" -v w="$write" -v dr="$dd_read" -v dw="$dd_write" \
+  'BEGIN { printf "read_ratio=%.4f write_ratio=%.4f\n", r / dr, w / dw }'
