@@ -9,7 +9,6 @@
 #pragma once
 
 #include <loom/errors.hpp>
-#include <loom/precision/convert.hpp>
 #include <loom/strategy/deepspeed_options.hpp>
 #include <loom/strategy/fsdp.hpp>
 #include <loom/strategy/nvme_stream.hpp>
@@ -102,8 +101,8 @@ struct deepspeed : fsdp {
     // bf16 and computed without autocast; each rank keeps an fp32 master of
     // its partition, which the optimizer steps (its state is fp32 too).
     // fp16 (16-mixed) the same in float16, under DeepSpeed's loss scaler.
-    if (config_.bf16) convert_module_floating(module, at::kBFloat16);
-    if (config_.fp16.enabled) convert_module_floating(module, at::kHalf);
+    if (config_.bf16) to_floating(module, at::kBFloat16);
+    if (config_.fp16.enabled) to_floating(module, at::kHalf);
     module_state engine = fsdp::setup_module(module, move_to_device);
     if (config_.offload_optimizer.device == offload_device::nvme) start_nvme(optimizer, *engine);
     if (config_.bf16 || config_.fp16.enabled) {
@@ -282,6 +281,16 @@ struct deepspeed : fsdp {
   }
 
  private:
+  // The floating parameters and buffers in dtype (integer buffers kept).
+  static void to_floating(torch::nn::Module& module, c10::ScalarType dtype) {
+    at::NoGradGuard no_grad;
+    for (auto& parameter : module.parameters()) {
+      if (parameter.is_floating_point()) parameter.set_data(parameter.to(dtype));
+    }
+    for (auto& buffer : module.buffers()) {
+      if (buffer.is_floating_point()) buffer.set_data(buffer.to(dtype));
+    }
+  }
   void start_nvme(torch::optim::Optimizer& optimizer, detail::fsdp_engine& engine) {
     (void)hyper_of(optimizer);  // Adam or AdamW, one group: refused otherwise
     std::vector<at::Tensor> parameters, gradients;
