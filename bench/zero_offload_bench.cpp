@@ -2,8 +2,8 @@
 // state on NVMe (offload_optimizer.device "nvme" in NVME_DIR), MLP
 // 784-1024-1024-1024-10, batch 64 per rank, Adam, fp32, Gloo on loopback.
 // sub_group_size is a tenth of a rank's partition (so >= 8 sub-groups),
-// buffer_count 4, aio block_size 1 MiB, queue_depth 8. Rank 0 prints one
-// line per measured step: step_ms, and the optimizer stream's read and write
+// buffer_count 4, aio block_size 1 MiB, queue_depth 8. Each rank prints one
+// line per measured step: step_ms, and its optimizer stream's read and write
 // throughput in that step (bytes / the time with at least one request of
 // that kind in flight), MB/s (10^6 bytes).
 //
@@ -36,7 +36,6 @@ int main(int argc, char** argv) {
                                   .sub_group_size = sub_group};
   loom::Fabric<loom::cpu, loom::deepspeed_stage_3, loom::fp32> fabric({}, loom::deepspeed_stage_3(options));
   fabric.launch();
-  const bool report = fabric.is_global_zero();
   at::manual_seed(1 + fabric.global_rank());
   const auto inputs = at::randn({64, 784});
   const auto targets = at::randint(0, 10, {64});
@@ -52,13 +51,13 @@ int main(int argc, char** argv) {
     fabric.backward(torch::nn::functional::cross_entropy(model(inputs), targets));
     optimizer.step();
     const auto t1 = std::chrono::steady_clock::now();
-    if (report && s >= warmup) {
+    if (s >= warmup) {
       const double read_s = counters.read_busy_seconds - before.read_busy_seconds;
       const double write_s = counters.write_busy_seconds - before.write_busy_seconds;
       const auto read_b = static_cast<double>(counters.bytes_read - before.bytes_read);
       const auto write_b = static_cast<double>(counters.bytes_written - before.bytes_written);
-      std::printf("step_ms=%.4f read_MBps=%.1f write_MBps=%.1f read_MB=%.2f written_MB=%.2f sub_groups=%llu\n",
-                  std::chrono::duration<double, std::milli>(t1 - t0).count(), read_b / read_s / 1e6,
+      std::printf("rank=%d step_ms=%.4f read_MBps=%.1f write_MBps=%.1f read_MB=%.2f written_MB=%.2f sub_groups=%llu\n",
+                  fabric.global_rank(), std::chrono::duration<double, std::milli>(t1 - t0).count(), read_b / read_s / 1e6,
                   write_b / write_s / 1e6, read_b / 1e6, write_b / 1e6,
                   static_cast<unsigned long long>(counters.sub_groups));
     }

@@ -9,6 +9,9 @@
 //   that read;
 //   at the end, wait for the writes left.
 // Each transfer is cut into block_size requests, at most queue_depth in flight.
+// A completion thread reaps the ring as requests finish, so the busy time of
+// each direction (the time with at least one request in flight) ends when
+// the last one completes, not when the stepping thread next looks.
 #include <loom/errors.hpp>
 #include <loom/strategy/nvme_stream.hpp>
 
@@ -26,7 +29,10 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <condition_variable>
 #include <filesystem>
+#include <mutex>
+#include <thread>
 
 namespace loom::detail {
 
@@ -75,29 +81,26 @@ struct nvme_stream::impl {
   clock_type::time_point read_since, write_since;
   std::int64_t step = 0;
   nvme_counters counters;
+  // The completion thread and what it shares with the stepping thread
+  // (pending, in_flight, the counters, error).
+  std::mutex mutex;
+  std::condition_variable done;
+  std::thread reaper;
+  bool stopping = false;
+  std::string error;
 
   [[noreturn]] void fail(const std::string& what, int error) const {
     throw std::runtime_error("deepspeed nvme offload: " + what + " on " + path + ": " + std::strerror(error));
   }
 
-  void transfer(int buffer, bool write, std::int64_t offset, std::int64_t bytes) {
-    for (std::int64_t begin = 0; begin < bytes; begin += options.block_size) {
-      queue.push_back({buffer, write, offset + begin, begin, std::min(bytes, begin + options.block_size)});
-      ++pending[static_cast<std::size_t>(buffer)];
-    }
-    pump();
-  }
-  // Moves queued pieces into the ring while it has room.
+  // Moves queued pieces into the ring while it has room (caller holds mutex).
   void pump() {
     int added = 0;
     while (!queue.empty() && in_flight < options.queue_depth) {
       const job j = queue.front();
-      queue.pop_front();
       io_uring_sqe* sqe = io_uring_get_sqe(&ring);
-      if (sqe == nullptr) {
-        queue.push_front(j);
-        break;
-      }
+      if (sqe == nullptr) break;
+      queue.pop_front();
       char* base = aligned[static_cast<std::size_t>(j.buffer)] + j.begin;
       const auto length = static_cast<unsigned>(j.end - j.begin);
       if (j.write) io_uring_prep_write(sqe, fd, base, length, static_cast<__u64>(j.offset));
@@ -118,35 +121,61 @@ struct nvme_stream::impl {
       if (submitted < 0) fail("io_uring_submit", -submitted);
     }
   }
-  // Reaps completions until buffer has nothing in flight.
-  void wait(int buffer) {
-    while (pending[static_cast<std::size_t>(buffer)] > 0) {
+  void transfer(int buffer, bool write, std::int64_t offset, std::int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (std::int64_t begin = 0; begin < bytes; begin += options.block_size) {
+      queue.push_back({buffer, write, offset + begin, begin, std::min(bytes, begin + options.block_size)});
+      ++pending[static_cast<std::size_t>(buffer)];
+    }
+    pump();
+  }
+  // The completion thread: each completion timestamped as it arrives.
+  void reap() {
+    for (;;) {
       io_uring_cqe* cqe = nullptr;
       const int status = io_uring_wait_cqe(&ring, &cqe);
-      if (status < 0) fail("io_uring_wait_cqe", -status);
+      std::lock_guard<std::mutex> lock(mutex);
+      if (status < 0) {
+        if (status == -EINTR) continue;
+        error = std::string("io_uring_wait_cqe: ") + std::strerror(-status);
+        done.notify_all();
+        return;
+      }
       const __u64 data = io_uring_cqe_get_data64(cqe);
       const int result = cqe->res;
       io_uring_cqe_seen(&ring, cqe);
+      if (data == ~0ULL) return;  // the stop request
       const int done_buffer = static_cast<int>((data & 0xffffffffULL) / 2);
       const bool write = (data & 1ULL) != 0;
       const auto length = static_cast<std::int64_t>(data >> 32);
-      if (result < 0) fail(write ? "a write" : "a read", -result);
-      if (result != length) {
-        throw std::runtime_error("deepspeed nvme offload: a " + std::string(write ? "write" : "read") + " of " +
-                                 std::to_string(length) + " bytes on " + path + " moved " + std::to_string(result));
+      if (result < 0 && error.empty()) error = std::string(write ? "a write" : "a read") + ": " + std::strerror(-result);
+      if (result >= 0 && result != length && error.empty()) {
+        error = std::string("a ") + (write ? "write" : "read") + " of " + std::to_string(length) + " bytes moved " +
+                std::to_string(result);
       }
       --in_flight;
       --pending[static_cast<std::size_t>(done_buffer)];
       const auto now = clock_type::now();
       if (write) {
-        counters.bytes_written += static_cast<std::uint64_t>(length);
+        counters.bytes_written += static_cast<std::uint64_t>(std::max(result, 0));
         if (--writes_in_flight == 0) counters.write_busy_seconds += std::chrono::duration<double>(now - write_since).count();
       } else {
-        counters.bytes_read += static_cast<std::uint64_t>(length);
+        counters.bytes_read += static_cast<std::uint64_t>(std::max(result, 0));
         if (--reads_in_flight == 0) counters.read_busy_seconds += std::chrono::duration<double>(now - read_since).count();
       }
-      pump();
+      try {
+        pump();
+      } catch (const std::exception& e) {
+        if (error.empty()) error = e.what();
+      }
+      done.notify_all();
     }
+  }
+  // Until buffer has nothing in flight.
+  void wait(int buffer) {
+    std::unique_lock<std::mutex> lock(mutex);
+    done.wait(lock, [&] { return pending[static_cast<std::size_t>(buffer)] == 0 || !error.empty(); });
+    if (!error.empty()) throw std::runtime_error("deepspeed nvme offload: " + error + " on " + path);
   }
 };
 
@@ -222,6 +251,7 @@ nvme_stream::nvme_stream(const nvme_stream_options& options, std::vector<at::Ten
     self.pending.push_back(0);
     self.counters.buffer_bytes += self.slot_bytes + alignment;
   }
+  self.reaper = std::thread([&self] { self.reap(); });
 }
 
 nvme_stream::~nvme_stream() {
@@ -230,6 +260,19 @@ nvme_stream::~nvme_stream() {
   try {
     for (std::size_t b = 0; b < self.pending.size(); ++b) self.wait(static_cast<int>(b));
   } catch (...) {
+  }
+  if (self.reaper.joinable()) {
+    {
+      // A no-op tagged as the stop request wakes the completion thread.
+      std::lock_guard<std::mutex> lock(self.mutex);
+      io_uring_sqe* sqe = io_uring_get_sqe(&self.ring);
+      if (sqe != nullptr) {
+        io_uring_prep_nop(sqe);
+        io_uring_sqe_set_data64(sqe, ~0ULL);
+        io_uring_submit(&self.ring);
+      }
+    }
+    self.reaper.join();
   }
   if (self.ring_ready) io_uring_queue_exit(&self.ring);
   if (self.fd >= 0) ::close(self.fd);
