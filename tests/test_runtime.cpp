@@ -133,6 +133,11 @@ TEST_CASE("connector: impossible requests say what is accepted", "[runtime]") {
              Catch::Contains("a sharded strategy") && Catch::Contains("bf16-mixed"));
   CHECK_THAT(refusal({.accelerator = "cuda", .strategy = "fsdp", .precision = "16-mixed"}, {}, gpu_machine()),
              Catch::Contains("inf check is reduced over the shards"));
+  // ZeRO scales the loss itself (DeepSpeed's loss scaler): 16-mixed on cuda, not on cpu (no fp16 kernels).
+  CHECK(resolve({.accelerator = "cuda", .strategy = "deepspeed", .precision = "16-mixed"}, {}, gpu_machine())
+            .precision == "16-mixed");
+  CHECK_THAT(refusal({.accelerator = "cpu", .strategy = "deepspeed", .precision = "64-true"}),
+             Catch::Contains("a sharded strategy"));
   CHECK_THAT(refusal({.strategy = "xla"}), Catch::Contains("XLA"));
   CHECK_THAT(refusal({.strategy = "single_device", .devices = 2}), Catch::Contains("runs one process"));
   // dp on cpu becomes ddp, with Lightning's warning.

@@ -26,7 +26,8 @@ constexpr rules::strategy_facts strategy_facts_of() {
           .multi_process = is_distributed<S>,
           .runs_on_cpu = strategy_runs_on_cpu<S>,
           .runs_on_cuda = strategy_runs_on_cuda<S>,
-          .sharded = is_sharded<S>};
+          .sharded = is_sharded<S>,
+          .scales_own_loss = scales_own_loss<S>};
 }
 
 template <class A, class S, class P>

@@ -187,7 +187,8 @@ connection connect(connector_input input, const machine_facts& machine, const cl
                                              .multi_process = entry->multi_process,
                                              .runs_on_cpu = entry->runs_on_cpu,
                                              .runs_on_cuda = entry->runs_on_cuda,
-                                             .sharded = entry->sharded};
+                                             .sharded = entry->sharded,
+                                             .scales_own_loss = entry->scales_own_loss};
   if (rules::processes_fit(strategy_facts, out.processes_per_node, input.num_nodes) != rules::rule::none) {
     throw configuration_error("strategy '" + chosen + "': devices=" + devices.to_string() + " and num_nodes=" +
                               std::to_string(input.num_nodes) + " ask for " +

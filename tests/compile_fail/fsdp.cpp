@@ -31,3 +31,6 @@ void case_deepspeed_setup_without_optimizer() {
   auto model = fabric.setup(net);
 }
 void case_deepspeed_fp64() { loom::Fabric<loom::cpu, loom::deepspeed, loom::fp64> fabric; }
+
+// ZeRO takes 16-mixed (its own loss scaler), but cpu has no fp16 kernels.
+void case_deepspeed_fp16_on_cpu() { loom::Fabric<loom::cpu, loom::deepspeed, loom::fp16_mixed> fabric; }

@@ -7,6 +7,8 @@
 
 #include <torch/optim/adamw.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -496,6 +498,37 @@ void law_reshard() {
   }
 }
 
+// Saves stage 3 checkpoints in a loop until killed (zero.sh's kill test).
+void save_forever() {
+  zero_fabric fabric({}, stage(3));
+  const std::string path = test_dir() + "/killed";
+  auto net = make_net();
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
+  auto [model, optimizer] = fabric.setup(net, adam);
+  std::printf("rank %d pid %d saving\n", fabric.global_rank(), static_cast<int>(::getpid()));
+  std::fflush(stdout);
+  for (int step = 0;; ++step) {
+    train_steps(fabric, model, optimizer, step, step + 1);
+    fabric.save(path, {{"model", model}, {"optimizer", optimizer}, {"step", step}});
+  }
+}
+
+// The kill test's check: what PATH holds loads, complete, into single_device.
+int load_check(const std::string& path) {
+  try {
+    loom::Fabric<loom::cpu, loom::single_device> single;
+    auto net = make_net();
+    torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
+    auto [model, optimizer] = single.setup(net, adam);
+    auto rest = single.load(path, {{"model", model}, {"optimizer", optimizer}});
+    std::printf("load_check: %s loads (step %d)\n", path.c_str(), rest.get<int>("step"));
+    return 0;
+  } catch (const std::exception& error) {
+    std::printf("load_check: %s does not load: %s\n", path.c_str(), error.what());
+    return 1;
+  }
+}
+
 // A damaged copy is refused naming the file, nothing changed (one process).
 int load_damaged(const std::string& path, const std::string& expected) {
   loom::Fabric<loom::cpu, loom::single_device> single;
@@ -520,6 +553,7 @@ int load_damaged(const std::string& path, const std::string& expected) {
 
 int main(int argc, char** argv) {
   if (argc > 3 && std::string(argv[1]) == "load_damaged") return load_damaged(argv[2], argv[3]);
+  if (argc > 2 && std::string(argv[1]) == "load_check") return load_check(argv[2]);
   const std::string scenario = argc > 1 ? argv[1] : "laws";
   const int devices = argc > 2 ? std::atoi(argv[2]) : 2;
   try {
@@ -535,6 +569,8 @@ int main(int argc, char** argv) {
       for (int s : {1, 2, 3}) law_checkpoint(s);
     } else if (scenario == "reshard") {
       law_reshard();
+    } else if (scenario == "save_forever") {
+      save_forever();
     } else {
       std::fprintf(stderr, "zero_worker: unknown scenario %s\n", scenario.c_str());
       return 2;

@@ -21,8 +21,9 @@
   "accelerator or strategy."
 #define LOOM_RULE_SHARDED_PRECISION                                                                         \
   "a sharded strategy (fsdp, deepspeed) takes 32-true, bf16-true and bf16-mixed (16-true on cuda): 64-true is "  \
-  "not among Lightning's FSDP precisions, and 16-mixed needs a gradient scaler whose inf check is reduced over "   \
-  "the shards, which loom does not have yet. Use bf16-mixed (loom::bf16_mixed) or 32-true (loom::fp32)."
+  "not among Lightning's FSDP precisions, and under 16-mixed only deepspeed scales the loss itself (FSDP would "   \
+  "need a gradient scaler whose inf check is reduced over the shards, which loom does not have yet). Use "        \
+  "bf16-mixed (loom::bf16_mixed) or 32-true (loom::fp32)."
 #define LOOM_RULE_ONE_PROCESS                                                                                       \
   "the strategy runs one process on one device, but more were asked for. Use devices=1, or a distributed "          \
   "strategy such as loom::ddp."
@@ -46,6 +47,7 @@ struct strategy_facts {
   bool runs_on_cpu = true;
   bool runs_on_cuda = true;
   bool sharded = false;  // gradients live in shards (fsdp, deepspeed)
+  bool scales_own_loss = false;  // scales the loss itself under 16-mixed (deepspeed)
 };
 
 enum class rule {
@@ -83,7 +85,9 @@ constexpr rule first_broken(const accelerator_facts& accelerator, const strategy
                             const precision_facts& precision) {
   const bool cuda = accelerator.name == "cuda";
   if (!(cuda ? strategy.runs_on_cuda : strategy.runs_on_cpu)) return rule::strategy_not_on_accelerator;
-  if (strategy.sharded && (precision.fp64 || (precision.fp16 && precision.mixed))) return rule::sharded_precision;
+  if (strategy.sharded && (precision.fp64 || (precision.fp16 && precision.mixed && !strategy.scales_own_loss))) {
+    return rule::sharded_precision;
+  }
   if (precision.fp16 && !precision.mixed && !accelerator.fp16_compute) return rule::fp16_true_without_kernels;
   if (precision.fp16 && precision.mixed && !accelerator.fp16_compute) return rule::fp16_autocast_without_kernels;
   return rule::none;

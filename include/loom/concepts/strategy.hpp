@@ -94,6 +94,14 @@ inline constexpr bool strategy_runs_on_cuda = [] {
   else return true;
 }();
 
+// Whether the strategy scales the loss itself under 16-mixed (ZeRO's
+// DeepSpeed loss scaler), so a sharded strategy may take 16-mixed.
+template <class S>
+inline constexpr bool scales_own_loss = [] {
+  if constexpr (requires { S::scales_own_loss; }) return bool(S::scales_own_loss);
+  else return false;
+}();
+
 // Whether the module and its optimizers must be set up together (ZeRO).
 template <class S>
 inline constexpr bool needs_joint_setup = [] {

@@ -29,6 +29,7 @@ struct strategy_name {
   bool runs_on_cpu = true;
   bool runs_on_cuda = true;
   bool sharded = false;
+  bool scales_own_loss = false;  // deepspeed: its own loss scaler under 16-mixed
 };
 // Lightning's registry names plus loom's own, with what loom has built.
 const std::vector<strategy_name>& strategy_names();

@@ -89,6 +89,7 @@ std::vector<std::vector<registry_entry>> entries(const preset<S>&... presets) {
       entry.runs_on_cpu = strategy_runs_on_cpu<strategy_t>;
       entry.runs_on_cuda = strategy_runs_on_cuda<strategy_t>;
       entry.sharded = is_sharded<strategy_t>;
+      entry.scales_own_loss = scales_own_loss<strategy_t>;
       entry.make = [make = preset.make, name = std::string(preset.name)](fabric_options options,
                                                                          option_reader& reader) {
         strategy_t strategy = make(reader);

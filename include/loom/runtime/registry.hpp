@@ -38,6 +38,7 @@ struct registry_entry {
   bool runs_on_cpu = true;
   bool runs_on_cuda = true;
   bool sharded = false;
+  bool scales_own_loss = false;
   fabric_factory make;
 };
 

@@ -36,6 +36,8 @@ struct deepspeed : fsdp {
   static constexpr std::string_view name = "deepspeed";
   static constexpr bool is_sharded = true;
   static constexpr bool supports_no_backward_sync = true;
+  // Under 16-mixed the loss is scaled by DeepSpeed's scaler, not a GradScaler.
+  static constexpr bool scales_own_loss = true;
   // Lightning's rule: DeepSpeed wraps the module and its one optimizer together.
   static constexpr bool needs_joint_setup = true;
 
