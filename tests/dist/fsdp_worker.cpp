@@ -3,7 +3,7 @@
 // (accumulation without reduce-scatters, a tied parameter, full checkpoints
 // to and from single_device). `fsdp_worker laws N` starts N ranks itself;
 // `fsdp_worker hybrid` runs under loom-run --num-nodes 2.
-#include "strategy_laws.hpp"
+#include "law_models.hpp"
 
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/embedding.h>
@@ -23,37 +23,11 @@ using laws::global_batch;
 using laws::global_inputs;
 using laws::global_targets;
 
-// Two blocks declared as units, a plain head in the root unit.
-struct NetImpl : torch::nn::Module {
-  NetImpl()
-      : fc1(register_module("fc1", loom::unit<torch::nn::Linear>(16, 32))),
-        fc2(register_module("fc2", loom::unit<torch::nn::Linear>(32, 32))),
-        fc3(register_module("fc3", torch::nn::Linear(32, 4))) {}
-  at::Tensor forward(const at::Tensor& x) { return fc3(torch::relu(fc2(torch::relu(fc1(x))))); }
-  loom::unit<torch::nn::Linear> fc1, fc2;
-  torch::nn::Linear fc3;
-};
-TORCH_MODULE(Net);
-
-// Only plain modules: units come from auto_wrap_policy.
-struct PlainNetImpl : torch::nn::Module {
-  PlainNetImpl()
-      : fc1(register_module("fc1", torch::nn::Linear(16, 32))),
-        fc2(register_module("fc2", torch::nn::Linear(32, 32))),
-        fc3(register_module("fc3", torch::nn::Linear(32, 4))) {}
-  at::Tensor forward(const at::Tensor& x) { return fc3(torch::relu(fc2(torch::relu(fc1(x))))); }
-  torch::nn::Linear fc1, fc2, fc3;
-};
-TORCH_MODULE(PlainNet);
-
-Net make_net() {
-  at::manual_seed(42);
-  return Net();
-}
-PlainNet make_plain() {
-  at::manual_seed(42);
-  return PlainNet();
-}
+using laws::make_net;
+using laws::Net;
+using laws::make_plain;
+using laws::test_dir;
+using laws::train_steps;
 
 using fsdp_fabric = loom::Fabric<loom::cpu, loom::fsdp, loom::fp32>;
 
@@ -416,24 +390,6 @@ void law_full_checkpoint() {
   }
 }
 
-std::string test_dir() {
-  const char* dir = std::getenv("LOOM_TEST_DIR");
-  return dir ? dir : "/tmp";
-}
-
-// Trains `steps` Adam steps (rows of rank r of world w) through a set-up model.
-template <class F, class M, class O>
-void train_steps(F& fabric, M& model, O& optimizer, int from, int to) {
-  const int r = fabric.global_rank();
-  const int64_t local = global_batch / fabric.world_size();
-  for (int step = from; step < to; ++step) {
-    optimizer.zero_grad();
-    fabric.backward(torch::nn::functional::cross_entropy(model(global_inputs(step).narrow(0, r * local, local)),
-                                                         global_targets(step).narrow(0, r * local, local)));
-    optimizer.step();
-  }
-}
-
 // A sharded checkpoint (the default): save then load on the same ranks goes
 // on bit for bit; the same state is then written sharded and full for the
 // resharding and consolidation checks (fsdp.sh), with the gathered
@@ -510,64 +466,11 @@ void law_reshard(const std::string& from) {
   }
 }
 
-// Saves a sharded checkpoint at every step until killed (the kill test).
-void save_forever() {
-  fsdp_fabric fabric({}, loom::fsdp());
-  const std::string path = test_dir() + "/killed";
-  auto net = make_net();
-  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
-  auto [model, optimizer] = fabric.setup(net, adam);
-  std::printf("rank %d pid %d saving\n", fabric.global_rank(), static_cast<int>(::getpid()));
-  std::fflush(stdout);
-  for (int step = 0;; ++step) {
-    train_steps(fabric, model, optimizer, step, step + 1);
-    fabric.save(path, {{"model", model}, {"optimizer", optimizer}, {"step", step}});
-  }
-}
-
-// A damaged copy of a sharded checkpoint (a rank file missing, truncated or
-// corrupted, or meta.pt missing) is refused with an error naming the file,
-// and the model and optimizer are unchanged. Prints the error.
-int load_damaged(const std::string& path, const std::string& expected) {
-  loom::Fabric<loom::cpu, loom::single_device> single;
-  auto net = make_net();
-  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
-  auto [model, optimizer] = single.setup(net, adam);
-  const auto before = laws::flat_of(net);
-  try {
-    single.load(path, {{"model", model}, {"optimizer", optimizer}});
-    std::printf("load_damaged: %s loaded, but it is damaged\n", path.c_str());
-    return 1;
-  } catch (const loom::checkpoint_error& error) {
-    const bool named = std::string(error.what()).find(expected) != std::string::npos;
-    const bool unchanged = torch::equal(laws::flat_of(net), before) && adam.state().empty();
-    std::printf("load_damaged: %s (names %s: %s; model and optimizer unchanged: %s)\n", error.what(),
-                expected.c_str(), named ? "yes" : "no", unchanged ? "yes" : "no");
-    return named && unchanged ? 0 : 1;
-  }
-}
-
-// The kill test's check: what PATH holds loads, complete, into single_device.
-int load_check(const std::string& path) {
-  try {
-    loom::Fabric<loom::cpu, loom::single_device> single;
-    auto net = make_net();
-    torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
-    auto [model, optimizer] = single.setup(net, adam);
-    auto rest = single.load(path, {{"model", model}, {"optimizer", optimizer}});
-    std::printf("load_check: %s loads (step %d)\n", path.c_str(), rest.get<int>("step"));
-    return 0;
-  } catch (const std::exception& error) {
-    std::printf("load_check: %s does not load: %s\n", path.c_str(), error.what());
-    return 1;
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 2 && std::string(argv[1]) == "load_check") return load_check(argv[2]);
-  if (argc > 3 && std::string(argv[1]) == "load_damaged") return load_damaged(argv[2], argv[3]);
+  if (argc > 2 && std::string(argv[1]) == "load_check") return laws::load_check(argv[2]);
+  if (argc > 3 && std::string(argv[1]) == "load_damaged") return laws::load_damaged(argv[2], argv[3]);
   const std::string scenario = argc > 1 ? argv[1] : "laws";
   const int devices = argc > 2 ? std::atoi(argv[2]) : 2;
   try {
@@ -607,7 +510,8 @@ int main(int argc, char** argv) {
     } else if (scenario == "reshard") {
       law_reshard(test_dir() + "/sharded_2");
     } else if (scenario == "save_forever") {
-      save_forever();
+      fsdp_fabric fabric({}, loom::fsdp());  // sharded saves
+      laws::save_forever(fabric);
     } else {
       std::fprintf(stderr, "fsdp_worker: unknown scenario %s\n", scenario.c_str());
       return 2;

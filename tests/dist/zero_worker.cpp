@@ -3,7 +3,7 @@
 // DeepSpeed engine semantics of gradient_accumulation_steps and
 // gradient_clipping from a JSON config; stages 1 and 2 against loom's DDP;
 // what each stage keeps per rank. `zero_worker laws N` starts N ranks itself.
-#include "strategy_laws.hpp"
+#include "law_models.hpp"
 
 #include <torch/optim/adamw.h>
 
@@ -23,43 +23,12 @@ using laws::global_batch;
 using laws::global_inputs;
 using laws::global_targets;
 
-// Two blocks declared as units (the buckets), a plain head in the root unit.
-struct NetImpl : torch::nn::Module {
-  NetImpl()
-      : fc1(register_module("fc1", loom::unit<torch::nn::Linear>(16, 32))),
-        fc2(register_module("fc2", loom::unit<torch::nn::Linear>(32, 32))),
-        fc3(register_module("fc3", torch::nn::Linear(32, 4))) {}
-  at::Tensor forward(const at::Tensor& x) { return fc3(torch::relu(fc2(torch::relu(fc1(x))))); }
-  loom::unit<torch::nn::Linear> fc1, fc2;
-  torch::nn::Linear fc3;
-};
-TORCH_MODULE(Net);
-
-// No units: the whole model is one bucket (the root).
-struct PlainNetImpl : torch::nn::Module {
-  PlainNetImpl()
-      : fc1(register_module("fc1", torch::nn::Linear(16, 32))),
-        fc2(register_module("fc2", torch::nn::Linear(32, 4))) {}
-  at::Tensor forward(const at::Tensor& x) { return fc2(torch::relu(fc1(x))); }
-  torch::nn::Linear fc1, fc2;
-};
-TORCH_MODULE(PlainNet);
-
-Net make_net() {
-  at::manual_seed(42);
-  return Net();
-}
-PlainNet make_plain() {
-  at::manual_seed(42);
-  return PlainNet();
-}
+using laws::make_net;
+using laws::make_plain;
+using laws::test_dir;
+using laws::train_steps;
 
 using zero_fabric = loom::Fabric<loom::cpu, loom::deepspeed, loom::fp32>;
-
-std::string test_dir() {
-  const char* dir = std::getenv("LOOM_TEST_DIR");
-  return dir ? dir : "/tmp";
-}
 
 loom::deepspeed stage(int s) { return loom::deepspeed(loom::deepspeed_options{.stage = s}); }
 
@@ -191,17 +160,10 @@ void law_accumulation_from_json(int s, bool through_environment) {
 // different orders: within the shared tolerance.
 void law_against_ddp() {
   auto train = [](auto& fabric) {
-    const int r = fabric.global_rank();
-    const int64_t local = global_batch / fabric.world_size();
     auto net = make_net();
     torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
     auto [model, optimizer] = fabric.setup(net, adam);
-    for (int step = 0; step < 20; ++step) {
-      optimizer.zero_grad();
-      fabric.backward(torch::nn::functional::cross_entropy(model(global_inputs(step).narrow(0, r * local, local)),
-                                                           global_targets(step).narrow(0, r * local, local)));
-      optimizer.step();
-    }
+    train_steps(fabric, model, optimizer, 0, 20);
     return laws::flat(laws::full_parameters(model, net));
   };
   at::Tensor reference;
@@ -239,18 +201,11 @@ void law_against_ddp() {
 void law_bf16() {
   constexpr int steps = 20;
   auto train = [](auto& fabric) {
-    const int r = fabric.global_rank();
-    const int64_t local = global_batch / fabric.world_size();
     auto net = make_net();
     torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
     auto [model, optimizer] = fabric.setup(net, adam);
     LAW_EXPECT(net->fc1->weight.scalar_type() == at::kBFloat16, "the module is not bf16 under ZeRO's bf16 mode");
-    for (int step = 0; step < steps; ++step) {
-      optimizer.zero_grad();
-      fabric.backward(torch::nn::functional::cross_entropy(model(global_inputs(step).narrow(0, r * local, local)),
-                                                           global_targets(step).narrow(0, r * local, local)));
-      optimizer.step();
-    }
+    train_steps(fabric, model, optimizer, 0, steps);
     for (const auto& [key, per_parameter] : adam.state()) {
       const auto& st = static_cast<const torch::optim::AdamParamState&>(*per_parameter);
       LAW_EXPECT(st.exp_avg().scalar_type() == at::kFloat, "Adam's state is not fp32 under bf16");
@@ -321,8 +276,6 @@ void law_nvme() {
   for (bool decoupled : {false, true}) {
     auto train = [&](loom::deepspeed_options options, bool check_stream) {
       zero_fabric fabric({}, loom::deepspeed(options));
-      const int r = fabric.global_rank();
-      const int64_t local = global_batch / fabric.world_size();
       auto net = make_net();
       std::unique_ptr<torch::optim::Optimizer> adam;
       if (decoupled) adam = std::make_unique<torch::optim::AdamW>(net->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
@@ -330,12 +283,7 @@ void law_nvme() {
       auto [model, optimizer] = fabric.setup(net, *adam);
       std::int64_t partition = 0;
       for (const auto& [p, g] : model.session().state()->partitions()) partition += p.numel();
-      for (int step = 0; step < steps; ++step) {
-        optimizer.zero_grad();
-        fabric.backward(torch::nn::functional::cross_entropy(model(global_inputs(step).narrow(0, r * local, local)),
-                                                             global_targets(step).narrow(0, r * local, local)));
-        optimizer.step();
-      }
+      train_steps(fabric, model, optimizer, 0, steps);
       std::string file;
       if (check_stream) {
         const auto* stream = fabric.strategy().nvme();
@@ -377,19 +325,6 @@ void law_nvme() {
                 "elements, 1, 2 and 4 buffers) equals the in-memory step bit for bit over %d steps; each step writes "
                 "the whole state and reads it back; the optimizer object holds none; files removed\n", steps);
     std::fflush(stdout);
-  }
-}
-
-// The same steps for every checkpoint law: rank r's rows of the global batch.
-template <class F, class M, class O>
-void train_steps(F& fabric, M& model, O& optimizer, int from, int to) {
-  const int r = fabric.global_rank();
-  const int64_t local = global_batch / fabric.world_size();
-  for (int step = from; step < to; ++step) {
-    optimizer.zero_grad();
-    fabric.backward(torch::nn::functional::cross_entropy(model(global_inputs(step).narrow(0, r * local, local)),
-                                                         global_targets(step).narrow(0, r * local, local)));
-    optimizer.step();
   }
 }
 
@@ -498,62 +433,11 @@ void law_reshard() {
   }
 }
 
-// Saves stage 3 checkpoints in a loop until killed (zero.sh's kill test).
-void save_forever() {
-  zero_fabric fabric({}, stage(3));
-  const std::string path = test_dir() + "/killed";
-  auto net = make_net();
-  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
-  auto [model, optimizer] = fabric.setup(net, adam);
-  std::printf("rank %d pid %d saving\n", fabric.global_rank(), static_cast<int>(::getpid()));
-  std::fflush(stdout);
-  for (int step = 0;; ++step) {
-    train_steps(fabric, model, optimizer, step, step + 1);
-    fabric.save(path, {{"model", model}, {"optimizer", optimizer}, {"step", step}});
-  }
-}
-
-// The kill test's check: what PATH holds loads, complete, into single_device.
-int load_check(const std::string& path) {
-  try {
-    loom::Fabric<loom::cpu, loom::single_device> single;
-    auto net = make_net();
-    torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
-    auto [model, optimizer] = single.setup(net, adam);
-    auto rest = single.load(path, {{"model", model}, {"optimizer", optimizer}});
-    std::printf("load_check: %s loads (step %d)\n", path.c_str(), rest.get<int>("step"));
-    return 0;
-  } catch (const std::exception& error) {
-    std::printf("load_check: %s does not load: %s\n", path.c_str(), error.what());
-    return 1;
-  }
-}
-
-// A damaged copy is refused naming the file, nothing changed (one process).
-int load_damaged(const std::string& path, const std::string& expected) {
-  loom::Fabric<loom::cpu, loom::single_device> single;
-  auto net = make_net();
-  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
-  auto [model, optimizer] = single.setup(net, adam);
-  const auto before = laws::flat_of(net);
-  try {
-    single.load(path, {{"model", model}, {"optimizer", optimizer}});
-    std::printf("load_damaged: %s loaded, but it is damaged\n", path.c_str());
-    return 1;
-  } catch (const loom::checkpoint_error& error) {
-    const bool named = std::string(error.what()).find(expected) != std::string::npos;
-    const bool unchanged = torch::equal(laws::flat_of(net), before) && adam.state().empty();
-    std::printf("load_damaged: %s (names %s: %s; model and optimizer unchanged: %s)\n", error.what(),
-                expected.c_str(), named ? "yes" : "no", unchanged ? "yes" : "no");
-    return named && unchanged ? 0 : 1;
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 3 && std::string(argv[1]) == "load_damaged") return load_damaged(argv[2], argv[3]);
-  if (argc > 2 && std::string(argv[1]) == "load_check") return load_check(argv[2]);
+  if (argc > 3 && std::string(argv[1]) == "load_damaged") return laws::load_damaged(argv[2], argv[3]);
+  if (argc > 2 && std::string(argv[1]) == "load_check") return laws::load_check(argv[2]);
   const std::string scenario = argc > 1 ? argv[1] : "laws";
   const int devices = argc > 2 ? std::atoi(argv[2]) : 2;
   try {
@@ -570,7 +454,8 @@ int main(int argc, char** argv) {
     } else if (scenario == "reshard") {
       law_reshard();
     } else if (scenario == "save_forever") {
-      save_forever();
+      zero_fabric fabric({}, stage(3));  // DeepSpeed-layout saves
+      laws::save_forever(fabric);
     } else {
       std::fprintf(stderr, "zero_worker: unknown scenario %s\n", scenario.c_str());
       return 2;
