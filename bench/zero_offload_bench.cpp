@@ -7,8 +7,7 @@
 // throughput in that step (bytes / the time with at least one request of
 // that kind in flight), MB/s (10^6 bytes).
 //
-//   OMP_NUM_THREADS=1 build/tools/loom-run --strategy deepspeed_stage_3 --devices 2 \
-//     build/bench/zero_offload_bench NVME_DIR [STEPS]
+//   OMP_NUM_THREADS=1 build/tools/loom-run --strategy deepspeed_stage_3 --devices 2 build/bench/zero_offload_bench NVME_DIR [STEPS]
 #include "fsdp_model.hpp"
 
 #include <loom/loom.hpp>

@@ -13,10 +13,8 @@
 
 #include <ATen/ATen.h>
 
-#include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <filesystem>
 #include <fstream>
 
@@ -81,19 +79,10 @@ void save_deepspeed_checkpoint(const std::string& path, const state& state, cons
                "its own checkpoints: choose another path or remove it";
     } else {
       fs::create_directories(root, ec);
-      const std::string prefix = std::string(tag) + ".tmp-";
-      for (const auto& entry : fs::directory_iterator(root, ec)) {  // saves that died before publishing
-        if (entry.path().filename().string().rfind(prefix, 0) == 0) fs::remove_all(entry.path(), ec);
-      }
-      const auto stamp = std::chrono::steady_clock::now().time_since_epoch().count();
-      const fs::path staged = root / (prefix + std::to_string(::getpid()) + "-" + std::to_string(stamp));
-      fs::create_directories(staged, ec);
-      answer = ec ? "!cannot create " + staged.string() + " (" + ec.message() + ")" : staged.string();
+      answer = detail::fresh_staging_directory(root.string(), std::string(tag) + ".tmp-");
     }
   }
-  if (group.valid()) answer = group.broadcast_object(c10::IValue(answer), 0).toStringRef();
-  if (!answer.empty() && answer.front() == '!') fail_checkpoint(path, answer.substr(1));
-  const fs::path staged = answer;
+  const fs::path staged = detail::agree_on_staging(path, answer, group);
 
   checkpoint_metadata mine = metadata;
   mine.global_rank = rank;

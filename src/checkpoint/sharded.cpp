@@ -171,6 +171,23 @@ checkpoint_contents detail::merge_shards(std::vector<checkpoint_contents>& ranks
   return out;
 }
 
+std::string detail::fresh_staging_directory(const std::string& parent, const std::string& prefix) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(parent, ec)) {
+    if (entry.path().filename().string().rfind(prefix, 0) == 0) fs::remove_all(entry.path(), ec);
+  }
+  const auto stamp = std::chrono::steady_clock::now().time_since_epoch().count();
+  const fs::path staged = fs::path(parent) / (prefix + std::to_string(::getpid()) + "-" + std::to_string(stamp));
+  fs::create_directories(staged, ec);
+  return ec ? "!cannot create the staging directory " + staged.string() + " (" + ec.message() + ")" : staged.string();
+}
+
+std::string detail::agree_on_staging(const std::string& path, std::string answer, comm::process_group& group) {
+  if (group.valid()) answer = group.broadcast_object(c10::IValue(answer), 0).toStringRef();
+  if (!answer.empty() && answer.front() == '!') fail_checkpoint(path, answer.substr(1));
+  return answer;
+}
+
 bool is_sharded_checkpoint(const std::string& path) {
   std::error_code ec;
   return fs::is_directory(path, ec) && fs::exists(fs::path(path) / meta_file, ec);
@@ -190,21 +207,10 @@ void save_sharded_checkpoint(const std::string& path, const state& state, const 
       answer = "!is an existing directory that is not a loom sharded checkpoint (it has no meta.pt); loom replaces "
                "only its own checkpoints: choose another path or remove it";
     } else {
-      // Leftovers of saves that died before publishing.
-      const std::string prefix = target.filename().string() + ".tmp-";
-      for (const auto& sibling : fs::directory_iterator(target.parent_path(), ec)) {
-        if (sibling.path().filename().string().rfind(prefix, 0) == 0) fs::remove_all(sibling.path(), ec);
-      }
-      const auto stamp = std::chrono::steady_clock::now().time_since_epoch().count();
-      const fs::path staged = target.parent_path() / (prefix + std::to_string(::getpid()) + "-" + std::to_string(stamp));
-      fs::create_directories(staged, ec);
-      answer = ec ? "!cannot create the staging directory " + staged.string() + " (" + ec.message() + ")"
-                  : staged.string();
+      answer = detail::fresh_staging_directory(target.parent_path().string(), target.filename().string() + ".tmp-");
     }
   }
-  if (group.valid()) answer = group.broadcast_object(c10::IValue(answer), 0).toStringRef();
-  if (!answer.empty() && answer.front() == '!') fail_checkpoint(path, answer.substr(1));
-  const fs::path staged = answer;
+  const fs::path staged = detail::agree_on_staging(path, answer, group);
 
   checkpoint_metadata mine = metadata;
   mine.global_rank = rank;

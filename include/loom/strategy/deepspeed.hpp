@@ -168,22 +168,14 @@ struct deepspeed : fsdp {
       step_masters(precision, optimizer, slot);
       return;
     }
-    if (nvme_) {
-      // The optimizer's state is on NVMe: its step is streamed (Adam's math, sub-group by sub-group).
-      if (config_.gradient_clipping > 0) {
-        for (const auto& weak : engines_) {
-          if (auto engine = weak.lock()) engine->clip_gradients(clip_options{.max_norm = config_.gradient_clipping});
-        }
-      }
-      nvme_->step(hyper_of(optimizer));
-      return;
-    }
     if (config_.gradient_clipping > 0) {
       for (const auto& weak : engines_) {
         if (auto engine = weak.lock()) engine->clip_gradients(clip_options{.max_norm = config_.gradient_clipping});
       }
     }
-    precision.optimizer_step(optimizer, slot);
+    // With the optimizer's state on NVMe its step is streamed (Adam's math, sub-group by sub-group).
+    if (nvme_) nvme_->step(hyper_of(optimizer));
+    else precision.optimizer_step(optimizer, slot);
   }
 
   // Acts right after a boundary step only (between micro-batches the
