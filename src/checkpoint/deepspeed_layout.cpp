@@ -34,10 +34,23 @@ std::string optim_file(int rank, bool bf16) {
   return std::string(bf16 ? "bf16_" : "") + "zero_pp_rank_" + std::to_string(rank) + "_mp_rank_00_optim_states.pt";
 }
 
-state subset(const state& all, bool optimizers) {
+// The optim-states files' entries (optimizers and the partition entries),
+// or the model-states files' (the rest).
+state subset(const state& all, const deepspeed_layout& layout, bool optimizers) {
   state out;
   for (const auto& entry : all.entries()) {
-    if ((entry.io().optimizer() != nullptr) == optimizers) out.add(entry);
+    const bool partition = entry.io().optimizer() != nullptr || layout.partition_entries.count(entry.name()) > 0;
+    if (partition == optimizers) out.add(entry);
+  }
+  return out;
+}
+
+// The layout's filter restricted to the entries of part (a filter naming an
+// entry the state lacks is an error).
+state_filter filter_for(const state& part, const deepspeed_layout& layout) {
+  state_filter out;
+  for (const auto& [name, keep] : layout.filter) {
+    if (part.contains(name)) out[name] = keep;
   }
   return out;
 }
@@ -89,16 +102,16 @@ void save_deepspeed_checkpoint(const std::string& path, const state& state, cons
   mine.world_size = world;
   mine.shards = layout.shards;
   auto write = [&](const std::string& name, const loom::state& part) {
-    const std::vector<char> bytes = detail::serialize_checkpoint(path, part, {}, mine, state);
+    const std::vector<char> bytes = detail::serialize_checkpoint(path, part, filter_for(part, layout), mine, state);
     write_file_atomically((staged / name).string(), bytes);
     return std::pair<std::int64_t, std::int64_t>(static_cast<std::int64_t>(bytes.size()),
                                                  static_cast<std::int64_t>(detail::crc32_of(bytes.data(), bytes.size())));
   };
   // Every file but rank 0's model states: (bytes, crc32) of the optim file,
   // then of the model file (stage 3; -1 where there is none).
-  const auto optim = write(optim_file(rank, layout.bf16), subset(state, /*optimizers=*/true));
+  const auto optim = write(optim_file(rank, layout.bf16), subset(state, layout, /*optimizers=*/true));
   std::pair<std::int64_t, std::int64_t> model{-1, -1};
-  if (layout.module_sharded && rank != 0) model = write(model_file(rank), subset(state, /*optimizers=*/false));
+  if (layout.module_sharded && rank != 0) model = write(model_file(rank), subset(state, layout, /*optimizers=*/false));
   at::Tensor report = at::tensor({optim.first, optim.second, model.first, model.second}, at::kLong);
   const at::Tensor everyone = group.valid() ? group.all_gather_stacked(report) : report.unsqueeze(0);
 
@@ -121,7 +134,8 @@ void save_deepspeed_checkpoint(const std::string& path, const state& state, cons
     }
     checkpoint_metadata described = mine;
     if (!layout.module_sharded) described.shards.clear();  // the module is whole in this file
-    std::vector<char> bytes = detail::serialize_checkpoint(path, subset(state, /*optimizers=*/false), {}, described);
+    const loom::state modules = subset(state, layout, /*optimizers=*/false);
+    std::vector<char> bytes = detail::serialize_checkpoint(path, modules, filter_for(modules, layout), described);
     checkpoint_contents contents = detail::parse_checkpoint(bytes, path);
     contents.metadata = described;
     contents.entries.insert(files_key, files);

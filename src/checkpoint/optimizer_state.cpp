@@ -3,6 +3,7 @@
 // per-parameter state as torch.optim does; one engine reads and writes them.
 #include "optimizer_state.hpp"
 
+#include <loom/checkpoint/io.hpp>
 #include <loom/compat.hpp>
 
 #include <ATen/ATen.h>
@@ -12,11 +13,24 @@
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 
+#include <optional>
 #include <sstream>
 #include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
+
+namespace loom {
+namespace {
+thread_local std::optional<at::ScalarType> state_dtype_override;
+}  // namespace
+
+optimizer_state_dtype::optimizer_state_dtype(at::ScalarType dtype) : previous_(state_dtype_override) {
+  state_dtype_override = dtype;
+}
+optimizer_state_dtype::~optimizer_state_dtype() { state_dtype_override = previous_; }
+
+}  // namespace loom
 
 namespace loom::detail {
 namespace {
@@ -341,7 +355,11 @@ void load(const Family& family, const c10::IValue& value, torch::optim::Optimize
       auto it = entry.find(name);
       if (it == entry.end() || it->value().isNone()) continue;
       // torch.optim casts state to the parameter's dtype and device; so does loom.
-      field(*made) = it->value().toTensor().to(parameter.options(), /*non_blocking=*/false, /*copy=*/true);
+      // (Under optimizer_state_dtype, floating state takes that dtype instead.)
+      const at::Tensor saved = it->value().toTensor();
+      auto options = parameter.options();
+      if (state_dtype_override.has_value() && saved.is_floating_point()) options = options.dtype(*state_dtype_override);
+      field(*made) = saved.to(options, /*non_blocking=*/false, /*copy=*/true);
     }
     optimizer.state()[slot] = std::move(made);
   }

@@ -32,6 +32,7 @@
 #include <condition_variable>
 #include <filesystem>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 
 namespace loom::detail {
@@ -47,6 +48,8 @@ using clock_type = std::chrono::steady_clock;
 
 struct sub_group {
   at::Tensor param, grad;  // 1-D views of one segment
+  std::size_t segment = 0;
+  std::int64_t begin = 0;  // in the segment
   std::int64_t numel = 0;
   std::int64_t file_offset = 0;
 };
@@ -80,6 +83,7 @@ struct nvme_stream::impl {
   int reads_in_flight = 0, writes_in_flight = 0;
   clock_type::time_point read_since, write_since;
   std::int64_t step = 0;
+  std::vector<std::int64_t> segment_numel;
   nvme_counters counters;
   // The completion thread and what it shares with the stepping thread
   // (pending, in_flight, the counters, error).
@@ -220,6 +224,8 @@ nvme_stream::nvme_stream(const nvme_stream_options& options, std::vector<at::Ten
       sub_group g;
       g.param = p.narrow(0, begin, n);
       g.grad = gradients[s].narrow(0, begin, n);
+      g.segment = s;
+      g.begin = begin;
       g.numel = n;
       g.file_offset = offset;
       offset += align_up(2 * n * 4);
@@ -227,6 +233,8 @@ nvme_stream::nvme_stream(const nvme_stream_options& options, std::vector<at::Ten
       self.groups.push_back(g);
     }
   }
+  self.segment_numel.reserve(parameters.size());
+  for (const auto& p : parameters) self.segment_numel.push_back(p.numel());
   self.slot_bytes = align_up(2 * largest * 4);
   self.counters.sub_groups = self.groups.size();
   self.counters.state_bytes_per_sub_group = self.slot_bytes;
@@ -329,6 +337,54 @@ void nvme_stream::step(const adam_hyper& hyper) {
   }
   for (int b = 0; b < b_count; ++b) self.wait(b);
   ++self.counters.steps;
+}
+
+adam_partition_state nvme_stream::read_state() {
+  impl& self = *impl_;
+  adam_partition_state out;
+  out.step = self.step;
+  if (self.step == 0) return out;  // nothing written yet: Adam has no state
+  for (std::int64_t n : self.segment_numel) {
+    out.exp_avg.push_back(at::empty({n}, at::kFloat));
+    out.exp_avg_sq.push_back(at::empty({n}, at::kFloat));
+  }
+  for (const sub_group& group : self.groups) {
+    self.wait(0);
+    self.transfer(0, /*write=*/false, group.file_offset, align_up(2 * group.numel * 4));
+    self.wait(0);
+    const at::Tensor& buffer = self.views.front();
+    out.exp_avg[group.segment].narrow(0, group.begin, group.numel).copy_(buffer.narrow(0, 0, group.numel));
+    out.exp_avg_sq[group.segment].narrow(0, group.begin, group.numel).copy_(buffer.narrow(0, group.numel, group.numel));
+  }
+  return out;
+}
+
+void nvme_stream::write_state(const adam_partition_state& state) {
+  impl& self = *impl_;
+  if (state.step == 0) {
+    self.step = 0;  // the next step starts from zero state, as a fresh Adam
+    return;
+  }
+  if (state.exp_avg.size() != self.segment_numel.size() || state.exp_avg_sq.size() != self.segment_numel.size()) {
+    throw std::invalid_argument("deepspeed nvme offload: a state of " + std::to_string(state.exp_avg.size()) +
+                                " segments for a stream of " + std::to_string(self.segment_numel.size()));
+  }
+  for (std::size_t s = 0; s < self.segment_numel.size(); ++s) {
+    if (state.exp_avg[s].numel() != self.segment_numel[s] || state.exp_avg_sq[s].numel() != self.segment_numel[s]) {
+      throw std::invalid_argument("deepspeed nvme offload: segment " + std::to_string(s) + " holds " +
+                                  std::to_string(self.segment_numel[s]) + " elements, its state " +
+                                  std::to_string(state.exp_avg[s].numel()));
+    }
+  }
+  for (const sub_group& group : self.groups) {
+    self.wait(0);
+    const at::Tensor& buffer = self.views.front();
+    buffer.narrow(0, 0, group.numel).copy_(state.exp_avg[group.segment].narrow(0, group.begin, group.numel));
+    buffer.narrow(0, group.numel, group.numel).copy_(state.exp_avg_sq[group.segment].narrow(0, group.begin, group.numel));
+    self.transfer(0, /*write=*/true, group.file_offset, align_up(2 * group.numel * 4));
+  }
+  self.wait(0);
+  self.step = state.step;
 }
 
 const nvme_counters& nvme_stream::counters() const noexcept { return impl_->counters; }

@@ -335,15 +335,21 @@ bool exists(const std::string& path) { return std::ifstream(path).good(); }
 // (B): A == B bit for bit. The files carry DeepSpeed's names. Rank 0 loads
 // the save into single_device (the full parameters at the save) and writes
 // it as one full file, for consolidate's comparison in zero.sh.
-void law_checkpoint(int s) {
+// Variants (tag): bf16 (the fp32 masters travel in the optim-states files,
+// so B does not restart from bf16-rounded masters) and nvme (the state file
+// read back into the save, and the loaded state written to it; the save
+// also loads into stage 3 in memory, which must train on identically).
+template <class F = zero_fabric>
+void law_checkpoint(loom::deepspeed_options options, const std::string& tag = "") {
+  const int s = options.stage;
   const auto adam_options = torch::optim::AdamOptions(1e-2);
   at::Tensor at_save, a;
   std::string path;
   int world = 0;
   {
-    zero_fabric fabric({}, stage(s));
+    F fabric({}, loom::deepspeed(options));
     world = fabric.world_size();
-    path = test_dir() + "/zero" + std::to_string(s) + "_" + std::to_string(world);
+    path = test_dir() + "/zero" + std::to_string(s) + tag + "_" + std::to_string(world);
     auto net = make_net();
     torch::optim::Adam adam(net->parameters(), adam_options);
     auto [model, optimizer] = fabric.setup(net, adam);
@@ -356,15 +362,20 @@ void law_checkpoint(int s) {
     at_save = laws::flat(laws::full_parameters(model, net));
     train_steps(fabric, model, optimizer, 5, 10);
     a = laws::flat(laws::full_parameters(model, net));
+    if (options.offload_optimizer_device == "nvme") {
+      LAW_EXPECT(adam.state().empty(), "the NVMe-offloaded optimizer keeps the state read back for the save");
+    }
   }
+  const bool bf16 = tag == "_bf16";
   if (laws::rank_for_messages == 0) {
     std::ifstream latest(path + "/latest");
-    std::string tag;
-    std::getline(latest, tag);
-    LAW_EXPECT(tag == "checkpoint", "%s/latest holds '%s', not Lightning's tag 'checkpoint'", path.c_str(), tag.c_str());
+    std::string text;
+    std::getline(latest, text);
+    LAW_EXPECT(text == "checkpoint", "%s/latest holds '%s', not Lightning's tag 'checkpoint'", path.c_str(), text.c_str());
     const std::string dir = path + "/checkpoint/";
     for (int r = 0; r < world; ++r) {
-      const std::string optim = dir + "zero_pp_rank_" + std::to_string(r) + "_mp_rank_00_optim_states.pt";
+      const std::string optim =
+          dir + (bf16 ? "bf16_" : "") + "zero_pp_rank_" + std::to_string(r) + "_mp_rank_00_optim_states.pt";
       const std::string model = dir + "zero_pp_rank_" + std::to_string(r) + "_mp_rank_00_model_states.pt";
       LAW_EXPECT(exists(optim), "no %s", optim.c_str());
       LAW_EXPECT(exists(model) == (s == 3), "%s %s", model.c_str(), s == 3 ? "missing" : "written below stage 3");
@@ -372,22 +383,27 @@ void law_checkpoint(int s) {
     LAW_EXPECT(exists(dir + "mp_rank_00_model_states.pt") == (s != 3), "mp_rank_00_model_states.pt %s",
                s == 3 ? "written at stage 3" : "missing");
   }
-  at::Tensor b;
-  int loaded_step = 0;
-  {
-    zero_fabric fabric({}, stage(s));
+  auto train_on = [&](loom::deepspeed_options loading) {
+    F fabric({}, loom::deepspeed(loading));
     auto net = make_net();
     torch::optim::Adam adam(net->parameters(), adam_options);
     auto [model, optimizer] = fabric.setup(net, adam);
     auto rest = fabric.load(path, {{"model", model}, {"optimizer", optimizer}});
-    loaded_step = rest.get<int>("step");
+    const int loaded_step = rest.template get<int>("step");
+    LAW_EXPECT(loaded_step == 5, "the step read back is %d, not 5", loaded_step);
+    LAW_EXPECT(!rest.contains("zero_fp32_masters"), "the engine's own entries are returned to the user");
     train_steps(fabric, model, optimizer, 5, 10);
-    b = laws::flat(laws::full_parameters(model, net));
-  }
-  LAW_EXPECT(loaded_step == 5, "the step read back is %d, not 5", loaded_step);
-  LAW_EXPECT(torch::equal(a, b), "stage %d: training on from the loaded save differs by %.3g", s,
+    return laws::flat(laws::full_parameters(model, net));
+  };
+  const at::Tensor b = train_on(options);
+  LAW_EXPECT(torch::equal(a, b), "stage %d%s: training on from the loaded save differs by %.3g", s, tag.c_str(),
              (a - b).abs().max().item<double>());
-  if (laws::rank_for_messages == 0) {
+  if (options.offload_optimizer_device == "nvme") {
+    const at::Tensor c = train_on(loom::deepspeed_options{.stage = s});
+    LAW_EXPECT(torch::equal(a, c), "stage %d: the NVMe save loaded into stage %d in memory trains on %.3g apart", s, s,
+               (a - c).abs().max().item<double>());
+  }
+  if (laws::rank_for_messages == 0 && tag.empty()) {
     auto single = laws::outside_launcher<loom::Fabric<loom::cpu, loom::single_device>>();
     auto net = make_net();
     torch::optim::Adam adam(net->parameters(), adam_options);
@@ -396,9 +412,60 @@ void law_checkpoint(int s) {
     single.load(path, {{"model", model}, {"optimizer", optimizer}, {"step", step}});
     LAW_EXPECT(torch::equal(laws::flat_of(net), at_save), "stage %d: single_device reads other parameters", s);
     single.save(path + ".full", {{"model", model}, {"optimizer", optimizer}, {"step", step}});
-    std::printf("law (checkpoint): stage %d on %d ranks: DeepSpeed's file names; save, load, 5 more steps equal "
-                "training on (max diff %.3g); single_device reads the full parameters\n",
-                s, world, (a - b).abs().max().item<double>());
+  }
+  if (laws::rank_for_messages == 0) {
+    std::printf("law (checkpoint): stage %d%s on %d ranks: DeepSpeed's file names; save, load, 5 more steps equal "
+                "training on (max diff %.3g)%s\n",
+                s, tag.c_str(), world, (a - b).abs().max().item<double>(),
+                tag.empty() ? "; single_device reads the full parameters"
+                : bf16      ? "; the fp32 masters come back from the optim-states files"
+                            : "; the state file is read into the save and the loaded state written to it; the save "
+                              "loads into stage 3 in memory and trains on bit for bit");
+    std::fflush(stdout);
+  }
+}
+
+// exclude_frozen_parameters: the module states leave out what does not
+// require grad; such a save loads with strict=false (the frozen parameters
+// keep their values) and strict=true names the missing key.
+void law_exclude_frozen() {
+  const std::string path = test_dir() + "/zero_frozen_" + std::to_string(laws::outside_launcher<zero_fabric>().world_size());
+  at::Tensor saved_fc2;
+  for (int s : {1, 3}) {
+    {
+      zero_fabric fabric({}, loom::deepspeed(loom::deepspeed_options{.stage = s, .exclude_frozen_parameters = true}));
+      auto net = make_net();
+      net->fc1->weight.set_requires_grad(false);
+      net->fc1->bias.set_requires_grad(false);
+      torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
+      auto [model, optimizer] = fabric.setup(net, adam);
+      train_steps(fabric, model, optimizer, 0, 2);
+      fabric.save(path, {{"model", model}, {"optimizer", optimizer}});
+    }
+    if (laws::rank_for_messages == 0) {
+      const auto contents = loom::read_deepspeed_checkpoint(path);
+      const auto module = contents.entries.at("model").toGenericDict();
+      LAW_EXPECT(!module.contains("fc1.weight") && !module.contains("fc1.bias") && module.contains("fc2.weight"),
+                 "stage %d with exclude_frozen_parameters: the frozen fc1 is saved (or fc2 is not)", s);
+      auto single = laws::outside_launcher<loom::Fabric<loom::cpu, loom::single_device>>();
+      auto net = make_net();
+      const at::Tensor fc1_before = net->fc1->weight.clone();
+      torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
+      auto [model, optimizer] = single.setup(net, adam);
+      bool refused = false;
+      try {
+        single.load(path, {{"model", model}, {"optimizer", optimizer}});
+      } catch (const loom::checkpoint_error& error) {
+        refused = std::string(error.what()).find("fc1.weight") != std::string::npos;
+      }
+      LAW_EXPECT(refused, "a strict load of a save without frozen parameters does not name fc1.weight");
+      single.load(path, {{"model", model}, {"optimizer", optimizer}}, /*strict=*/false);
+      LAW_EXPECT(torch::equal(net->fc1->weight, fc1_before), "the frozen fc1 changed on a strict=false load");
+    }
+  }
+  if (laws::rank_for_messages == 0) {
+    std::printf("law (exclude_frozen_parameters): stages 1 and 3 leave the frozen parameters out of the module "
+                "states; strict loads name them, strict=false loads keep them\n");
     std::fflush(stdout);
   }
 }
@@ -450,7 +517,18 @@ int main(int argc, char** argv) {
       law_against_ddp();
       law_bf16();
       law_nvme();
-      for (int s : {1, 2, 3}) law_checkpoint(s);
+      for (int s : {1, 2, 3}) law_checkpoint(loom::deepspeed_options{.stage = s});
+      for (int s : {1, 3}) law_checkpoint<loom::Fabric<loom::cpu, loom::deepspeed, loom::bf16_mixed>>(
+          loom::deepspeed_options{.stage = s}, "_bf16");
+      law_checkpoint(loom::deepspeed_options{.stage = 3,
+                                             .offload_optimizer = true,
+                                             .offload_optimizer_device = "nvme",
+                                             .nvme_path = test_dir() + "/nvme",
+                                             .block_size = 4096,
+                                             .queue_depth = 4,
+                                             .sub_group_size = 64},
+                     "_nvme");
+      law_exclude_frozen();
     } else if (scenario == "reshard") {
       law_reshard();
     } else if (scenario == "save_forever") {

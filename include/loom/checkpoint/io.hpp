@@ -13,6 +13,8 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -103,6 +105,12 @@ struct deepspeed_layout {
   bool module_sharded = false;  // stage 3: each rank writes its module slices
   bool bf16 = false;            // the optimizer files' names start with bf16_
   shard_layout shards;          // this rank's slices (parameters and their optimizer state)
+  // Entries that are this rank's partition (name-keyed slices, as the
+  // optimizer's state): written to the optim-states files with it (the fp32
+  // masters of bf16 mode).
+  std::set<std::string> partition_entries;
+  // Applied to the module entries (exclude_frozen_parameters).
+  state_filter filter;
 };
 
 // Collective over group. The tag is staged as PATH/checkpoint.tmp-<id>/ and
@@ -125,6 +133,20 @@ checkpoint_contents read_deepspeed_checkpoint(const std::string& path);
 // the checkpoint's entries that `target` did not ask for, as owned values.
 // A sharded checkpoint directory loads the same way, at full size.
 state load_checkpoint(const std::string& path, const state& target, bool strict = true);
+
+// While one lives (on this thread), loaded optimizer state that is floating
+// takes dtype instead of its parameter's (torch.optim's rule). DeepSpeed's
+// bf16 mode: the optimizer steps fp32 masters of bf16 parameters.
+class optimizer_state_dtype {
+ public:
+  explicit optimizer_state_dtype(at::ScalarType dtype);
+  optimizer_state_dtype(const optimizer_state_dtype&) = delete;
+  optimizer_state_dtype& operator=(const optimizer_state_dtype&) = delete;
+  ~optimizer_state_dtype();
+
+ private:
+  std::optional<at::ScalarType> previous_;
+};
 
 // A state dict written by LibTorch's torch::save(module, path) or by Python's
 // torch.save(dict(module.state_dict()), path), loaded into module.

@@ -8,6 +8,7 @@
 // gradient_clipping. Runs on CPU/Gloo, where Lightning refuses DeepSpeed.
 #pragma once
 
+#include <loom/compat.hpp>
 #include <loom/errors.hpp>
 #include <loom/strategy/deepspeed_options.hpp>
 #include <loom/strategy/fsdp.hpp>
@@ -24,8 +25,12 @@
 #include <filesystem>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -68,10 +73,6 @@ struct deepspeed : fsdp {
       }
       // Before training starts: a missing or unwritable nvme_path is named now.
       detail::nvme_stream::check_directory(config_.offload_optimizer.nvme_path);
-    }
-    if (config_.exclude_frozen_parameters) {
-      throw configuration_error("deepspeed: exclude_frozen_parameters=True is not built yet; leave it False (frozen "
-                                "parameters are saved)");
     }
     if (global_rank() == 0) {
       for (const auto& notice : config_.notices) std::cerr << "loom deepspeed: notice: " << notice << '\n';
@@ -212,7 +213,6 @@ struct deepspeed : fsdp {
   // stages 0-2) or in each rank's slices (stage 3).
   void save_checkpoint(const std::string& path, const state& checkpoint, const state_filter& filter,
                        const checkpoint_metadata& metadata) {
-    refuse_with_nvme("fabric.save");
     if (!filter.empty()) {
       throw configuration_error("deepspeed: a filter is refused for ZeRO saves (each rank writes its partition); "
                                 "save, then filter the consolidated file (loom-run consolidate)");
@@ -220,6 +220,8 @@ struct deepspeed : fsdp {
     deepspeed_layout layout;
     layout.module_sharded = config_.stage == 3;
     layout.bf16 = config_.bf16;
+    state saved = checkpoint;
+    std::map<const void*, std::string> names;  // parameter -> its name in the checkpoint's modules
     for (const auto& entry : checkpoint.entries()) {
       if (auto* optimizer = entry.io().optimizer(); optimizer && !detail::fsdp_engine::knows_state_layout(*optimizer)) {
         throw configuration_error("deepspeed: '" + entry.name() + "' is an optimizer whose state loom cannot slice "
@@ -227,16 +229,45 @@ struct deepspeed : fsdp {
       }
       const torch::nn::Module* module = entry.io().module();
       if (module == nullptr) continue;
+      std::set<std::string> frozen;
       for (const auto& item : module->named_parameters()) {
+        names.emplace(item.value().unsafeGetTensorImpl(), item.key());
+        if (!item.value().requires_grad()) frozen.insert(item.key());
         for (const auto& weak : engines_) {
           if (auto engine = weak.lock()) {
             if (auto range = engine->shard_of(item.value())) layout.shards[item.key()] = *range;
           }
         }
       }
+      // DeepSpeed's exclude_frozen_parameters: the module states leave out
+      // parameters that do not require grad (load such a save with strict=false).
+      if (config_.exclude_frozen_parameters && !frozen.empty()) {
+        layout.filter[entry.name()] = [frozen](std::string_view key, const at::Tensor&) {
+          return frozen.count(std::string(key)) == 0;
+        };
+      }
     }
+    // What DeepSpeed's engine saves beside the user's state: the fp32 master
+    // partitions (bf16/fp16: the weights themselves at full precision, in the
+    // optim-states files as DeepSpeed keeps them), the loss scaler and the
+    // micro-step count (the accumulation boundary).
+    if (!masters_.empty()) {
+      c10::impl::GenericDict masters(c10::StringType::get(), c10::TensorType::get());
+      for (const auto& m : masters_) {
+        auto name = names.find(m.param.unsafeGetTensorImpl());
+        if (name != names.end()) masters.insert(name->second, m.master);
+      }
+      saved.set(std::string(masters_key), c10::IValue(masters));
+      layout.partition_entries.insert(std::string(masters_key));
+    }
+    if (config_.fp16.enabled) saved.set(std::string(scaler_key), scaler_.state_dict());
+    if (config_.gradient_accumulation_steps > 1) saved.set(std::string(micro_steps_key), c10::IValue(micro_steps_));
+    // NVMe: the optimizer's state is read back from the file into the
+    // optimizer for the save, and dropped after it.
+    std::optional<nvme_state_in_optimizer> in_memory;
+    if (nvme_) in_memory.emplace(*this);
     const state no_optimizers;
-    loom::save_deepspeed_checkpoint(path, checkpoint, metadata, layout, group(),
+    loom::save_deepspeed_checkpoint(path, saved, metadata, layout, group(),
                                     [&](const std::function<void()>& body) {
                                       with_full_state(no_optimizers, /*write_back=*/false, /*root=*/0, body);
                                     });
@@ -245,12 +276,62 @@ struct deepspeed : fsdp {
   // A ZeRO checkpoint of any stage and world size (or an fsdp sharded one,
   // or a full file); with load_full_weights, one full file's module weights
   // only, as Lightning.
+  //
+  // bf16/fp16: the fp32 masters come from the save's (a checkpoint without
+  // them, such as a 32-true save or a full file, rebuilds them from the
+  // loaded weights); the loss scaler and micro-step count are restored. With
+  // the optimizer state on NVMe, the loaded state is written to the file.
   state load_checkpoint(const std::string& path, const state& checkpoint, bool strict) {
-    refuse_with_nvme("fabric.load");
+    if (nvme_ && !nvme_optimizer_->state().empty()) {
+      throw std::logic_error("deepspeed: the NVMe-offloaded optimizer holds state in memory");
+    }
+    std::optional<optimizer_state_dtype> fp32_state;
+    if (!masters_.empty()) fp32_state.emplace(at::kFloat);  // the state of fp32 masters
     state rest = load_state(path, checkpoint, strict);
-    // bf16: the fp32 masters are rebuilt from the loaded bf16 weights.
+    fp32_state.reset();
     at::NoGradGuard no_grad;
-    for (auto& m : masters_) m.master.copy_(m.param.detach());
+    std::map<std::string, at::Tensor> saved_masters;
+    if (rest.contains(masters_key)) {
+      for (const auto& item : rest.get<c10::IValue>(masters_key).toGenericDict()) {
+        saved_masters.emplace(item.key().toStringRef(), item.value().toTensor());
+      }
+    }
+    std::map<const void*, std::string> names;
+    for (const auto& entry : checkpoint.entries()) {
+      if (const torch::nn::Module* module = entry.io().module()) {
+        for (const auto& item : module->named_parameters()) names.emplace(item.value().unsafeGetTensorImpl(), item.key());
+      }
+    }
+    for (auto& m : masters_) {
+      if (m.master.numel() == 0) continue;  // no slice of this parameter on this rank
+      at::Tensor full;
+      if (auto name = names.find(m.param.unsafeGetTensorImpl()); name != names.end()) {
+        if (auto found = saved_masters.find(name->second); found != saved_masters.end()) full = found->second;
+      }
+      if (!full.defined()) {
+        m.master.copy_(m.param.detach());
+        continue;
+      }
+      // The saved master at full size: this rank's slice of it.
+      std::optional<shard_range> range;
+      for (const auto& weak : engines_) {
+        if (auto engine = weak.lock(); engine && !range) range = engine->shard_of(m.param);
+      }
+      const at::Tensor slice =
+          range ? full.reshape({-1}).narrow(0, range->begin, range->end - range->begin) : full;
+      if (slice.numel() != m.master.numel()) {
+        throw checkpoint_error("deepspeed: " + path + " holds an fp32 master of '" + names.at(m.param.unsafeGetTensorImpl()) +
+                               "' with " + std::to_string(full.numel()) + " elements, which does not fit this model");
+      }
+      m.master.copy_(slice.reshape(m.master.sizes()));
+    }
+    if (config_.fp16.enabled && rest.contains(scaler_key)) scaler_.load_state_dict(rest.get<c10::IValue>(scaler_key));
+    if (rest.contains(micro_steps_key)) micro_steps_ = rest.get<std::int64_t>(micro_steps_key);
+    for (std::string_view key : {masters_key, scaler_key, micro_steps_key}) rest.erase(key);
+    if (nvme_) {
+      nvme_->write_state(nvme_state_from(*nvme_optimizer_));
+      nvme_optimizer_->state().clear();
+    }
     return rest;
   }
 
@@ -292,6 +373,8 @@ struct deepspeed : fsdp {
       parameters.push_back(parameter);
       gradients.push_back(gradient);
     }
+    nvme_segments_ = parameters;
+    nvme_optimizer_ = &optimizer;
     const auto& offload = config_.offload_optimizer;
     nvme_ = std::make_unique<detail::nvme_stream>(
         detail::nvme_stream_options{.directory = offload.nvme_path,
@@ -321,12 +404,76 @@ struct deepspeed : fsdp {
     throw configuration_error("deepspeed: NVMe optimizer offload streams Adam's and AdamW's state (DeepSpeed's "
                               "offloaded optimizers are Adam variants); pass torch::optim::Adam or AdamW");
   }
-  void refuse_with_nvme(const char* what) const {
-    if (nvme_) {
-      throw configuration_error(std::string("deepspeed: ") + what + " with the optimizer state on NVMe is not built "
-                                "yet (the state would have to be read back from nvme_path)");
+  // The checkpoint's entries DeepSpeed's engine adds to the user's state.
+  static constexpr std::string_view masters_key = "zero_fp32_masters";
+  static constexpr std::string_view scaler_key = "zero_loss_scaler";
+  static constexpr std::string_view micro_steps_key = "zero_micro_steps";
+
+  // The segment (NVMe stream partition) holding a parameter's slice, and the
+  // slice's offset in it.
+  std::pair<std::size_t, std::int64_t> nvme_place(const at::Tensor& parameter) const {
+    for (std::size_t s = 0; s < nvme_segments_.size(); ++s) {
+      const at::Tensor& segment = nvme_segments_[s];
+      if (parameter.storage().is_alias_of(segment.storage())) {
+        return {s, parameter.storage_offset() - segment.storage_offset()};
+      }
     }
+    throw std::logic_error("deepspeed: a parameter outside every NVMe-offloaded partition");
   }
+  // The optimizer's (in-memory) Adam state gathered into the stream's layout.
+  detail::adam_partition_state nvme_state_from(torch::optim::Optimizer& optimizer) const {
+    detail::adam_partition_state out;
+    for (const auto& segment : nvme_segments_) {
+      out.exp_avg.push_back(at::zeros({segment.numel()}, at::kFloat));
+      out.exp_avg_sq.push_back(at::zeros({segment.numel()}, at::kFloat));
+    }
+    for (auto& parameter : optimizer.param_groups().front().params()) {
+      auto found = optimizer.state().find(compat::optimizer_state_key(parameter));
+      if (found == optimizer.state().end()) continue;
+      at::Tensor exp_avg, exp_avg_sq;
+      std::int64_t step = 0;
+      if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(found->second.get())) {
+        exp_avg = adam->exp_avg(), exp_avg_sq = adam->exp_avg_sq(), step = adam->step();
+      } else if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(found->second.get())) {
+        exp_avg = adamw->exp_avg(), exp_avg_sq = adamw->exp_avg_sq(), step = adamw->step();
+      } else {
+        continue;
+      }
+      const auto [s, offset] = nvme_place(parameter);
+      out.exp_avg[s].narrow(0, offset, parameter.numel()).copy_(exp_avg.reshape({-1}));
+      out.exp_avg_sq[s].narrow(0, offset, parameter.numel()).copy_(exp_avg_sq.reshape({-1}));
+      out.step = std::max(out.step, step);
+    }
+    if (out.step == 0) out.exp_avg.clear(), out.exp_avg_sq.clear();
+    return out;
+  }
+  // For a save: the state file read back into the optimizer as Adam's (or
+  // AdamW's) per-parameter state, and dropped again when the save is done.
+  struct nvme_state_in_optimizer {
+    explicit nvme_state_in_optimizer(const deepspeed& owner) : optimizer(*owner.nvme_optimizer_) {
+      const detail::adam_partition_state state = owner.nvme_->read_state();
+      if (state.step == 0) return;
+      const bool decoupled = hyper_of(optimizer).decoupled;
+      for (auto& parameter : optimizer.param_groups().front().params()) {
+        const auto [s, offset] = owner.nvme_place(parameter);
+        at::Tensor exp_avg = state.exp_avg[s].narrow(0, offset, parameter.numel()).view_as(parameter).clone();
+        at::Tensor exp_avg_sq = state.exp_avg_sq[s].narrow(0, offset, parameter.numel()).view_as(parameter).clone();
+        if (decoupled) {
+          auto made = std::make_unique<torch::optim::AdamWParamState>();
+          made->step(state.step).exp_avg(exp_avg).exp_avg_sq(exp_avg_sq);
+          optimizer.state()[compat::optimizer_state_key(parameter)] = std::move(made);
+        } else {
+          auto made = std::make_unique<torch::optim::AdamParamState>();
+          made->step(state.step).exp_avg(exp_avg).exp_avg_sq(exp_avg_sq);
+          optimizer.state()[compat::optimizer_state_key(parameter)] = std::move(made);
+        }
+      }
+    }
+    nvme_state_in_optimizer(const nvme_state_in_optimizer&) = delete;
+    nvme_state_in_optimizer& operator=(const nvme_state_in_optimizer&) = delete;
+    ~nvme_state_in_optimizer() { optimizer.state().clear(); }
+    torch::optim::Optimizer& optimizer;
+  };
 
   state load_state(const std::string& path, const state& checkpoint, bool strict) {
     if (!config_.load_full_weights) return fsdp::load_checkpoint(path, checkpoint, strict);
@@ -459,6 +606,8 @@ struct deepspeed : fsdp {
   std::vector<master_slot> masters_;
   zero_loss_scaler scaler_;
   std::unique_ptr<detail::nvme_stream> nvme_;
+  std::vector<at::Tensor> nvme_segments_;  // the stream's partitions, in order
+  torch::optim::Optimizer* nvme_optimizer_ = nullptr;
 };
 
 // Lightning's registered presets (DeepSpeedStrategy.register_strategies).

@@ -23,6 +23,14 @@ struct adam_hyper {
   bool decoupled = false;  // AdamW
 };
 
+// Adam's state of this rank's partitions, whole (for checkpoints): per
+// segment (as given to the stream) exp_avg and exp_avg_sq, and the step
+// count (0: no step yet, the tensors are empty).
+struct adam_partition_state {
+  std::vector<at::Tensor> exp_avg, exp_avg_sq;
+  std::int64_t step = 0;
+};
+
 struct nvme_stream_options {
   std::string directory;          // nvme_path
   int rank = 0;
@@ -56,6 +64,13 @@ class nvme_stream {
   // One Adam step over every sub-group: the state read, updated as
   // torch::optim::Adam/AdamW update it, and written back.
   void step(const adam_hyper& hyper);
+
+  // The state file read back whole, sub-group by sub-group through one
+  // buffer (fabric.save), and written from such a state (fabric.load). The
+  // checkpoint holds the whole partition in memory for the while, as any
+  // save does.
+  adam_partition_state read_state();
+  void write_state(const adam_partition_state& state);
 
   const nvme_counters& counters() const noexcept;
   std::string file() const;
