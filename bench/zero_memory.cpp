@@ -12,7 +12,9 @@
 // fp32 master partition and Adam state) the mixed-precision ones:
 //   stage 1: 4Ψ + 12Ψ/N, stage 2: 2Ψ + 14Ψ/N, stage 3: 16Ψ/N
 //
-// and stage 3 with the optimizer state on NVMe (NVME_DIR, default /tmp).
+// and stage 3 with the optimizer state on NVMe (NVME_DIR, default /tmp),
+// then with the parameter partitions there too (offload_param: only the
+// gradient partitions and the buffers stay in memory between steps).
 //
 //   OMP_NUM_THREADS=1 build/bench/zero_memory 2 [NVME_DIR]
 #include "memory_probe.hpp"
@@ -84,10 +86,12 @@ int main(int argc, char** argv) {
   // (a rank's partition spans >= 8 of them), buffer_count 4: the optimizer
   // state resident is the buffers, which must be <= 4 x one sub-group's
   // state; /proc/self/io must grow each step by at least the state's bytes.
-  {
+  for (bool params : {false, true}) {
     const std::int64_t sub_group = static_cast<std::int64_t>(psi / n / 10);
     loom::deepspeed_options options{.stage = 3,
                                     .offload_optimizer = true,
+                                    .offload_parameters = params,
+                                    .offload_params_device = params ? "nvme" : "cpu",
                                     .offload_optimizer_device = "nvme",
                                     .nvme_path = nvme_path,
                                     .optimizer_buffer_count = 4,
@@ -95,26 +99,34 @@ int main(int argc, char** argv) {
     zero_fabric fabric({}, loom::deepspeed(options));
     const auto m = loom_bench::probe_memory(fabric, counter, inputs, targets);
     const double pad = static_cast<double>(m.padding);
-    const double resident = static_cast<double>(m.held_b) - (8 * psi / n + 8 * pad / n);  // minus parameters, gradients
+    // What stays in memory besides the buffers: parameter and gradient
+    // partitions, or (offload_param) the gradient partitions only.
+    const double kept = params ? 4 * psi / n + 4 * pad / n : 8 * psi / n + 8 * pad / n;
+    const char* label = params ? "3 nvme+param" : "3 nvme";
+    const double resident = static_cast<double>(m.held_b) - kept;
     const double allowed = 4.0 * static_cast<double>(m.nvme_group_bytes);
-    const double state = 8.0 * static_cast<double>(m.partition_elements);
+    // Each step's stream reads and writes the state (and, with offload_param, the parameters).
+    const double state = (params ? 12.0 : 8.0) * static_cast<double>(m.partition_elements);
     const bool ok = m.nvme_sub_groups >= 8 && resident <= allowed + 4 * 4096 && m.optimizer_state_empty &&
                     static_cast<double>(m.last_step_io.read) >= state && static_cast<double>(m.last_step_io.written) >= state;
     all_within = all_within && ok;
     if (report) {
-      std::printf("3 nvme: %lld sub-groups of %lld elements; optimizer state resident (held (b) - 8P/N - pad) = "
+      std::printf("%s: %lld sub-groups of %lld elements; resident besides %s (held (b) - that - pad) = "
                   "%.2f MiB <= buffer_count 4 x %.2f MiB = %.2f MiB (+ alignment): %s; optimizer object state empty: "
-                  "%s\n", static_cast<long long>(m.nvme_sub_groups), static_cast<long long>(sub_group),
+                  "%s\n", label, static_cast<long long>(m.nvme_sub_groups), static_cast<long long>(sub_group),
+                  params ? "the gradients (4P/N)" : "parameters and gradients (8P/N)",
                   mib(static_cast<std::int64_t>(resident)), mib(m.nvme_group_bytes),
                   mib(static_cast<std::int64_t>(allowed)), resident <= allowed + 4 * 4096 ? "yes" : "NO",
                   m.optimizer_state_empty ? "yes" : "NO");
-      std::printf("3 nvme: one step moved read_bytes %.2f MiB, write_bytes %.2f MiB (/proc/self/io) for %.2f MiB of "
-                  "Adam state (8 bytes x %lld elements): %s; held (a) %.2f MiB, held (b) %.2f MiB, formula 8P/N + "
-                  "buffers %.2f MiB\n", mib(m.last_step_io.read), mib(m.last_step_io.written),
-                  mib(static_cast<std::int64_t>(state)), static_cast<long long>(m.partition_elements),
+      std::printf("%s: one step moved read_bytes %.2f MiB, write_bytes %.2f MiB (/proc/self/io) for %.2f MiB of "
+                  "%s (%s bytes x %lld elements): %s; held (a) %.2f MiB, held (b) %.2f MiB, formula %s + "
+                  "buffers %.2f MiB\n", label, mib(m.last_step_io.read), mib(m.last_step_io.written),
+                  mib(static_cast<std::int64_t>(state)), params ? "parameters and Adam state" : "Adam state",
+                  params ? "12" : "8", static_cast<long long>(m.partition_elements),
                   static_cast<double>(m.last_step_io.read) >= state && static_cast<double>(m.last_step_io.written) >= state
                       ? "yes" : "NO",
-                  mib(m.held_a), mib(m.held_b), mib(static_cast<std::int64_t>(8 * psi / n + 8 * pad / n) + m.nvme_buffer_bytes));
+                  mib(m.held_a), mib(m.held_b), params ? "4P/N" : "8P/N",
+                  mib(static_cast<std::int64_t>(kept) + m.nvme_buffer_bytes));
       std::fflush(stdout);
     }
   }

@@ -1,9 +1,10 @@
 #!/bin/sh
 # bench/zero_offload.sh BUILD_DIR [NVME_DIR] [ROUNDS]
-# ZeRO stage 3 with the optimizer state on NVMe (a directory on local disk,
-# default a fresh one under /tmp), 2 ranks, MLP 784-1024-1024-1024-10, batch
-# 64 per rank, Adam (build/bench/zero_offload_bench): per-step time and the
-# optimizer stream's read and write throughput of each rank (bytes / time
+# ZeRO stage 3 with the optimizer state and the parameter partitions on NVMe
+# (deepspeed_stage_3_offload_nvme; a directory on local disk, default a fresh
+# one under /tmp), 2 ranks, MLP 784-1024-1024-1024-10, batch 64 per rank,
+# Adam (build/bench/zero_offload_bench): per-step time and the NVMe
+# stream's read and write throughput of each rank (bytes / time
 # with at least one request in flight, timed by a completion thread), beside the same disk's sequential direct-I/O throughput:
 #   dd if=/dev/zero of=NVME/dd bs=1M count=256 oflag=direct conv=fsync
 #   dd if=NVME/dd of=/dev/null bs=1M iflag=direct
@@ -40,7 +41,7 @@ read_both=$(awk -v a="$read0" -v b="$(field 1 read_MBps)" 'BEGIN { printf "%.1f"
 write_both=$(awk -v a="$write0" -v b="$(field 1 write_MBps)" 'BEGIN { printf "%.1f", a + b }')
 dd_read=$(median < "$work/dd_read")
 dd_write=$(median < "$work/dd_write")
-echo "NVMe optimizer offload, stage 3, 2 ranks, $(grep -o 'sub_groups=[0-9]*' "$work/loom" | head -n 1) per rank,"
+echo "NVMe offload of optimizer state and parameters, stage 3, 2 ranks, $(grep -o 'sub_groups=[0-9]*' "$work/loom" | head -n 1) per rank,"
 echo "$(field 0 read_MB) MB read and $(field 0 written_MB) MB written per step per rank ($rounds rounds, $(grep -c '^rank=0 ' "$work/loom") steps):"
 echo "  step_ms median (rank 0) $step"
 echo "  read:  rank 0 $read0 MB/s, both ranks (sum) $read_both MB/s; dd $dd_read MB/s (iflag=direct)"

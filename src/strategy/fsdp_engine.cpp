@@ -107,6 +107,7 @@ struct sharded_unit {
   int parent = -1;                // the innermost unit above it
   std::vector<unit_parameter> params;
   int64_t numel = 0, padded = 0, shard_numel = 0;
+  int partition = -1;             // its index among the units with parameters (a shard_store's key)
   at::Tensor shard, grad_shard, reduced;  // reduced: a fresh reduction, added when gradients accumulate
   at::Tensor full, full_grad;             // storages emptied between uses (aliases of shard/grad_shard when unsharded)
   comm::work gather;
@@ -151,6 +152,21 @@ struct fsdp_engine::impl {
   std::optional<c10::ScalarType> reduce_dtype;
   std::vector<sharded_unit*> pending_reductions;     // issue order
   fsdp_counters counters;
+  // offload_param to NVMe: shards are read from the store for each gather
+  // and freed when it completes, unless pinned (a checkpoint holds them).
+  shard_store* store = nullptr;
+  int pinned = 0;
+  int partitions = 0;
+
+  void shard_in(sharded_unit& unit) {
+    if (store == nullptr || unit.params.empty() || unit.shard.storage().nbytes() == bytes_of(unit.shard)) return;
+    allocate_storage(unit.shard, bytes_of(unit.shard));
+    store->load_shard(static_cast<std::size_t>(unit.partition), unit.shard);
+  }
+  void shard_out(sharded_unit& unit) {
+    if (store == nullptr || pinned > 0) return;
+    free_storage(unit.shard);
+  }
 
   bool sharded() const noexcept { return shard_size > 1; }
   // ZeRO-1: the full gradient buffer stays; the shard is its own chunk.
@@ -163,6 +179,7 @@ struct fsdp_engine::impl {
   void issue_gather(sharded_unit& unit, bool prefetch) {
     if (!sharded() || unit.gathered || unit.gather_pending) return;
     allocate_storage(unit.full, bytes_of(unit.full));
+    shard_in(unit);
     unit.gather = shard_group.all_gather_into(unit.full, offload ? to_compute_device(unit.shard) : unit.shard);
     unit.gather_pending = true;
     ++counters.all_gathers;
@@ -183,6 +200,7 @@ struct fsdp_engine::impl {
     unit.gather.wait();
     unit.gather_pending = false;
     unit.gathered = true;
+    shard_out(unit);
   }
   void point_full(sharded_unit& unit) {
     if (unit.views_full) return;
@@ -271,6 +289,7 @@ struct fsdp_engine::impl {
       unit.gather.wait();
       unit.gather_pending = false;
       unit.gathered = true;
+      shard_out(unit);
     }
     release(unit);
   }
@@ -700,6 +719,7 @@ fsdp_engine::fsdp_engine(torch::nn::Module& module, comm::process_group& world, 
     }
     unit.padded = (unit.numel + shard - 1) / shard * shard;
     unit.shard_numel = unit.padded / shard;
+    if (!unit.params.empty()) unit.partition = self.partitions++;
     if (unit.params.empty()) {
       unit.shard = at::empty({0});
       unit.full = unit.grad_shard = unit.full_grad = unit.reduced = unit.shard;
@@ -862,6 +882,14 @@ void fsdp_engine::with_full_state(std::vector<torch::optim::Optimizer*> optimize
                                   bool write_back, int root) {
   impl& self = *impl_;
   at::NoGradGuard no_grad;
+  // With a shard store, the shards stay in memory while body runs, and go
+  // back to the store (written when body may have changed them) after it.
+  struct pin {
+    fsdp_engine& engine;
+    bool written = false;
+    explicit pin(fsdp_engine& e) : engine(e) { engine.pin_shards(); }
+    ~pin() { engine.unpin_shards(written); }
+  } pinned_shards(*this);
   // Ranks other than root take part in the gathers, one unit at a time, and keep nothing.
   const bool keeps = root < 0 || root == self.global_rank;
   // Per parameter: its full tensor (a copy), and per optimizer state field.
@@ -976,6 +1004,7 @@ void fsdp_engine::with_full_state(std::vector<torch::optim::Optimizer*> optimize
     throw;
   }
   restore(write_back);
+  pinned_shards.written = write_back;
 }
 
 std::optional<shard_range> fsdp_engine::shard_of(const at::Tensor& parameter) const {
@@ -1005,6 +1034,37 @@ std::vector<std::pair<at::Tensor, at::Tensor>> fsdp_engine::partitions() const {
     if (!unit->params.empty()) out.emplace_back(unit->shard, unit->grad_shard);
   }
   return out;
+}
+
+void fsdp_engine::pin_shards() {
+  impl& self = *impl_;
+  if (self.store == nullptr) return;
+  ++self.pinned;
+  for (auto& unit : self.units) self.shard_in(*unit);
+}
+
+void fsdp_engine::unpin_shards(bool changed) {
+  impl& self = *impl_;
+  if (self.store == nullptr) return;
+  --self.pinned;
+  for (auto& unit : self.units) {
+    if (unit->params.empty()) continue;
+    if (changed) self.store->store_shard(static_cast<std::size_t>(unit->partition), unit->shard);
+    if (!unit->gathered && !unit->gather_pending) self.shard_out(*unit);
+  }
+}
+
+void fsdp_engine::set_shard_store(shard_store* store) {
+  impl& self = *impl_;
+  if (store != nullptr && (!self.sharded() || self.options.strategy != sharding_strategy::full_shard)) {
+    throw configuration_error("fsdp: parameter shards kept outside memory need FULL_SHARD (ZeRO stage 3) on more "
+                              "than one rank");
+  }
+  self.store = store;
+  if (store == nullptr) return;
+  for (auto& unit : self.units) {
+    if (!unit->params.empty() && !unit->gathered && !unit->gather_pending) self.shard_out(*unit);
+  }
 }
 
 std::int64_t fsdp_engine::parameter_shard_bytes() const {

@@ -1,6 +1,8 @@
 // The NVMe optimizer stream (nvme_stream.hpp) over io_uring. The state file
 // holds, per sub-group, exp_avg then exp_avg_sq (fp32), padded to the file
-// system's block alignment; each buffer holds one sub-group's state. Per
+// system's block alignment; each buffer holds one sub-group's state. With
+// offload_param, each sub-group's region starts with its parameters (padded
+// to the alignment too), so one request per sub-group reads both. Per
 // step, with B buffers and G sub-groups:
 //   reads of sub-groups 0 .. B-2 are issued first (none on the first step:
 //   Adam's state starts at zero);
@@ -51,7 +53,10 @@ struct sub_group {
   std::size_t segment = 0;
   std::int64_t begin = 0;  // in the segment
   std::int64_t numel = 0;
-  std::int64_t file_offset = 0;
+  std::int64_t file_offset = 0;  // the region: parameters (offload_param), then exp_avg and exp_avg_sq
+  std::int64_t param_bytes = 0;  // the parameters' part of the region (0 without offload_param)
+  std::int64_t state_offset() const { return file_offset + param_bytes; }
+  std::int64_t region_bytes() const { return param_bytes + align_up(2 * numel * 4); }
 };
 
 struct request {
@@ -211,7 +216,7 @@ nvme_stream::nvme_stream(const nvme_stream_options& options, std::vector<at::Ten
   self.options.block_size = std::max<std::int64_t>(alignment, options.block_size / alignment * alignment);
   check_directory(options.directory);
   // Sub-groups: each segment cut into pieces of sub_group_size elements.
-  std::int64_t largest = 0;
+  std::int64_t largest = 0;  // bytes of the largest region
   std::int64_t offset = 0;
   for (std::size_t s = 0; s < parameters.size(); ++s) {
     const at::Tensor& p = parameters[s];
@@ -228,14 +233,15 @@ nvme_stream::nvme_stream(const nvme_stream_options& options, std::vector<at::Ten
       g.begin = begin;
       g.numel = n;
       g.file_offset = offset;
-      offset += align_up(2 * n * 4);
-      largest = std::max(largest, n);
+      g.param_bytes = options.parameters ? align_up(n * 4) : 0;
+      offset += g.region_bytes();
+      largest = std::max(largest, g.region_bytes());
       self.groups.push_back(g);
     }
   }
   self.segment_numel.reserve(parameters.size());
   for (const auto& p : parameters) self.segment_numel.push_back(p.numel());
-  self.slot_bytes = align_up(2 * largest * 4);
+  self.slot_bytes = largest;
   self.counters.sub_groups = self.groups.size();
   self.counters.state_bytes_per_sub_group = self.slot_bytes;
   self.path = options.directory + "/loom_zero_optim_rank" + std::to_string(options.rank) + "_" +
@@ -260,6 +266,10 @@ nvme_stream::nvme_stream(const nvme_stream_options& options, std::vector<at::Ten
     self.counters.buffer_bytes += self.slot_bytes + alignment;
   }
   self.reaper = std::thread([&self] { self.reap(); });
+  // offload_param: the file takes the parameters now; the engine frees its shards.
+  if (options.parameters) {
+    for (std::size_t s = 0; s < parameters.size(); ++s) store_shard(s, parameters[s]);
+  }
 }
 
 nvme_stream::~nvme_stream() {
@@ -297,24 +307,28 @@ void nvme_stream::step(const adam_hyper& hyper) {
   const double step = static_cast<double>(self.step);
   const double bias1 = 1 - std::pow(hyper.beta1, step);
   const double bias2 = 1 - std::pow(hyper.beta2, step);
+  const bool parameters = self.options.parameters;
   auto read = [&](int g) {
     const int b = g % b_count;
     const sub_group& group = self.groups[static_cast<std::size_t>(g)];
-    if (fresh) {
+    if (fresh && !parameters) {
       self.views[static_cast<std::size_t>(b)].zero_();
       return;
     }
-    self.transfer(b, /*write=*/false, group.file_offset, align_up(2 * group.numel * 4));
+    self.transfer(b, /*write=*/false, group.file_offset, group.region_bytes());
   };
   for (int g = 0; g < std::min(g_count, std::max(1, b_count - 1)); ++g) read(g);
   for (int g = 0; g < g_count; ++g) {
     const int b = g % b_count;
     self.wait(b);
     const sub_group& group = self.groups[static_cast<std::size_t>(g)];
-    at::Tensor exp_avg = self.views[static_cast<std::size_t>(b)].narrow(0, 0, group.numel);
-    at::Tensor exp_avg_sq = self.views[static_cast<std::size_t>(b)].narrow(0, group.numel, group.numel);
+    const at::Tensor& buffer = self.views[static_cast<std::size_t>(b)];
+    const std::int64_t state = group.param_bytes / 4;
+    at::Tensor exp_avg = buffer.narrow(0, state, group.numel);
+    at::Tensor exp_avg_sq = buffer.narrow(0, state + group.numel, group.numel);
+    if (fresh && parameters) buffer.narrow(0, state, 2 * group.numel).zero_();  // Adam's state starts at zero
     // As LibTorch 1.13's Adam::step and AdamW::step, element for element.
-    at::Tensor p = group.param;
+    at::Tensor p = parameters ? buffer.narrow(0, 0, group.numel) : group.param;
     at::Tensor grad = group.grad;
     if (hyper.decoupled) {
       p.mul_(1 - hyper.lr * hyper.weight_decay);
@@ -325,7 +339,7 @@ void nvme_stream::step(const adam_hyper& hyper) {
     exp_avg_sq.mul_(hyper.beta2).addcmul_(grad, grad, 1 - hyper.beta2);
     const at::Tensor denom = (exp_avg_sq.sqrt() / std::sqrt(bias2)).add_(hyper.eps);
     p.addcdiv_(exp_avg, denom, -hyper.lr / bias1);
-    self.transfer(b, /*write=*/true, group.file_offset, align_up(2 * group.numel * 4));
+    self.transfer(b, /*write=*/true, group.file_offset, group.region_bytes());
     const int next = g + b_count - 1;
     if (b_count > 1 && next < g_count) {
       self.wait(next % b_count);  // the write of g - 1 leaves that buffer
@@ -350,7 +364,7 @@ adam_partition_state nvme_stream::read_state() {
   }
   for (const sub_group& group : self.groups) {
     self.wait(0);
-    self.transfer(0, /*write=*/false, group.file_offset, align_up(2 * group.numel * 4));
+    self.transfer(0, /*write=*/false, group.state_offset(), align_up(2 * group.numel * 4));
     self.wait(0);
     const at::Tensor& buffer = self.views.front();
     out.exp_avg[group.segment].narrow(0, group.begin, group.numel).copy_(buffer.narrow(0, 0, group.numel));
@@ -381,10 +395,36 @@ void nvme_stream::write_state(const adam_partition_state& state) {
     const at::Tensor& buffer = self.views.front();
     buffer.narrow(0, 0, group.numel).copy_(state.exp_avg[group.segment].narrow(0, group.begin, group.numel));
     buffer.narrow(0, group.numel, group.numel).copy_(state.exp_avg_sq[group.segment].narrow(0, group.begin, group.numel));
-    self.transfer(0, /*write=*/true, group.file_offset, align_up(2 * group.numel * 4));
+    self.transfer(0, /*write=*/true, group.state_offset(), align_up(2 * group.numel * 4));
   }
   self.wait(0);
   self.step = state.step;
+}
+
+void nvme_stream::load_shard(std::size_t partition, const at::Tensor& shard) {
+  impl& self = *impl_;
+  at::NoGradGuard no_grad;
+  for (const sub_group& group : self.groups) {
+    if (group.segment != partition) continue;
+    self.wait(0);
+    self.transfer(0, /*write=*/false, group.file_offset, group.param_bytes);
+    self.wait(0);
+    shard.narrow(0, group.begin, group.numel).copy_(self.views.front().narrow(0, 0, group.numel));
+  }
+  ++self.counters.shard_loads;
+}
+
+void nvme_stream::store_shard(std::size_t partition, const at::Tensor& shard) {
+  impl& self = *impl_;
+  at::NoGradGuard no_grad;
+  for (const sub_group& group : self.groups) {
+    if (group.segment != partition) continue;
+    self.wait(0);
+    self.views.front().narrow(0, 0, group.numel).copy_(shard.narrow(0, group.begin, group.numel));
+    self.transfer(0, /*write=*/true, group.file_offset, group.param_bytes);
+  }
+  self.wait(0);
+  ++self.counters.shard_stores;
 }
 
 const nvme_counters& nvme_stream::counters() const noexcept { return impl_->counters; }

@@ -275,6 +275,7 @@ void law_nvme() {
   std::filesystem::create_directories(directory);
   for (bool decoupled : {false, true}) {
     auto train = [&](loom::deepspeed_options options, bool check_stream) {
+      const bool params_offloaded = options.offload_params_device == "nvme";
       zero_fabric fabric({}, loom::deepspeed(options));
       auto net = make_net();
       std::unique_ptr<torch::optim::Optimizer> adam;
@@ -299,31 +300,49 @@ void law_nvme() {
                      "%llu bytes read", static_cast<unsigned long long>(c.bytes_read));
           LAW_EXPECT(adam->state().empty(), "the optimizer object holds state beside the stream");
           LAW_EXPECT(std::filesystem::exists(file), "the state file %s is missing", file.c_str());
+          if (params_offloaded) {
+            // Per step, each unit's gathers read its partition (sub-units twice: forward and backward).
+            const auto units = model.session().state()->partitions().size();
+            LAW_EXPECT(c.shard_loads >= static_cast<std::uint64_t>(steps) * units,
+                       "%llu partition reads over %d steps of %zu units", static_cast<unsigned long long>(c.shard_loads),
+                       steps, units);
+            LAW_EXPECT(model.session().state()->parameter_shard_bytes() == 0,
+                       "%lld bytes of parameter partitions resident between steps under offload_param nvme",
+                       static_cast<long long>(model.session().state()->parameter_shard_bytes()));
+          }
         }
       }
       auto result = laws::flat(laws::full_parameters(model, net));
       return std::make_pair(result, file);
     };
     const auto [reference, none] = train(loom::deepspeed_options{.stage = 3}, false);
-    for (int buffers : {1, 2, 4}) {
-      loom::deepspeed_options options{.stage = 3,
-                                      .offload_optimizer = true,
-                                      .offload_optimizer_device = "nvme",
-                                      .nvme_path = directory,
-                                      .optimizer_buffer_count = buffers,
-                                      .block_size = 4096,
-                                      .queue_depth = 4,
-                                      .sub_group_size = 64};
-      const auto [result, file] = train(options, true);
-      LAW_EXPECT(torch::equal(result, reference), "%s on NVMe with %d buffers differs from in memory by %.3g",
-                 decoupled ? "AdamW" : "Adam", buffers, (result - reference).abs().max().item<double>());
-      LAW_EXPECT(!file.empty() && !std::filesystem::exists(file), "the state file %s is left at teardown", file.c_str());
+    for (bool params : {false, true}) {
+      for (int buffers : {1, 2, 4}) {
+        loom::deepspeed_options options{.stage = 3,
+                                        .offload_optimizer = true,
+                                        .offload_parameters = params,
+                                        .offload_params_device = params ? "nvme" : "cpu",
+                                        .offload_optimizer_device = "nvme",
+                                        .nvme_path = directory,
+                                        .optimizer_buffer_count = buffers,
+                                        .block_size = 4096,
+                                        .queue_depth = 4,
+                                        .sub_group_size = 64};
+        const auto [result, file] = train(options, true);
+        LAW_EXPECT(torch::equal(result, reference), "%s on NVMe%s with %d buffers differs from in memory by %.3g",
+                   decoupled ? "AdamW" : "Adam", params ? " (and the parameters)" : "", buffers,
+                   (result - reference).abs().max().item<double>());
+        LAW_EXPECT(!file.empty() && !std::filesystem::exists(file), "the state file %s is left at teardown",
+                   file.c_str());
+      }
     }
   }
   if (laws::rank_for_messages == 0) {
     std::printf("law (nvme): stage 3 with the Adam and AdamW state on NVMe (O_DIRECT, io_uring, sub-groups of 64 "
-                "elements, 1, 2 and 4 buffers) equals the in-memory step bit for bit over %d steps; each step writes "
-                "the whole state and reads it back; the optimizer object holds none; files removed\n", steps);
+                "elements, 1, 2 and 4 buffers), and with the parameter partitions there too (offload_param: none "
+                "resident between steps, each gather reading its partition), equals the in-memory step bit for bit "
+                "over %d steps; each step writes the whole state and reads it back; the optimizer object holds none; "
+                "files removed\n", steps);
     std::fflush(stdout);
   }
 }
@@ -528,6 +547,16 @@ int main(int argc, char** argv) {
                                              .queue_depth = 4,
                                              .sub_group_size = 64},
                      "_nvme");
+      law_checkpoint(loom::deepspeed_options{.stage = 3,
+                                             .offload_optimizer = true,
+                                             .offload_parameters = true,
+                                             .offload_params_device = "nvme",
+                                             .offload_optimizer_device = "nvme",
+                                             .nvme_path = test_dir() + "/nvme",
+                                             .block_size = 4096,
+                                             .queue_depth = 4,
+                                             .sub_group_size = 64},
+                     "_nvme_params");
       law_exclude_frozen();
     } else if (scenario == "reshard") {
       law_reshard();

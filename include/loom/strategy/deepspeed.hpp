@@ -63,8 +63,20 @@ struct deepspeed : fsdp {
                                 precision_);
     }
     if (config_.offload_param.device == offload_device::nvme) {
-      throw configuration_error("deepspeed: offload_param.device = \"nvme\" (parameter partitions on NVMe) is not "
-                                "built yet; offload_optimizer.device = \"nvme\" is, and offload_param \"cpu\"");
+      // ZeRO-Infinity: loom keeps each rank's parameter partition in the same
+      // file as its optimizer state (one request per sub-group reads both).
+      if (config_.offload_optimizer.device != offload_device::nvme) {
+        throw configuration_error("deepspeed: offload_param.device = \"nvme\" needs offload_optimizer.device = "
+                                  "\"nvme\" too (loom streams each parameter partition with its optimizer state); "
+                                  "set both, as deepspeed_stage_3_offload_nvme does");
+      }
+      if (!config_.offload_param.nvme_path.empty() &&
+          config_.offload_param.nvme_path != config_.offload_optimizer.nvme_path) {
+        throw configuration_error("deepspeed: offload_param.nvme_path '" + config_.offload_param.nvme_path +
+                                  "' differs from offload_optimizer.nvme_path '" +
+                                  config_.offload_optimizer.nvme_path +
+                                  "'; loom keeps both in one file per rank: give them the same directory");
+      }
     }
     if (config_.offload_optimizer.device == offload_device::nvme) {
       if (config_.bf16 || config_.fp16.enabled) {
@@ -266,6 +278,19 @@ struct deepspeed : fsdp {
     // optimizer for the save, and dropped after it.
     std::optional<nvme_state_in_optimizer> in_memory;
     if (nvme_) in_memory.emplace(*this);
+    // offload_param: stage 3 writes each rank's slices straight from the shards.
+    struct pinned {
+      std::vector<std::shared_ptr<detail::fsdp_engine>> live;
+      ~pinned() {
+        for (auto& engine : live) engine->unpin_shards(/*changed=*/false);
+      }
+    } shards_in_memory;
+    for (const auto& weak : engines_) {
+      if (auto engine = weak.lock()) {
+        engine->pin_shards();
+        shards_in_memory.live.push_back(std::move(engine));
+      }
+    }
     const state no_optimizers;
     loom::save_deepspeed_checkpoint(path, saved, metadata, layout, group(),
                                     [&](const std::function<void()>& body) {
@@ -382,8 +407,10 @@ struct deepspeed : fsdp {
                                     .sub_group_size = config_.sub_group_size,
                                     .buffer_count = static_cast<int>(offload.buffer_count),
                                     .queue_depth = static_cast<int>(config_.aio.queue_depth),
-                                    .block_size = config_.aio.block_size},
+                                    .block_size = config_.aio.block_size,
+                                    .parameters = config_.offload_param.device == offload_device::nvme},
         std::move(parameters), std::move(gradients));
+    if (config_.offload_param.device == offload_device::nvme) engine.set_shard_store(nvme_.get());
   }
   static detail::adam_hyper hyper_of(torch::optim::Optimizer& optimizer) {
     if (optimizer.param_groups().size() != 1) {

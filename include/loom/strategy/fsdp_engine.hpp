@@ -52,6 +52,18 @@ struct fsdp_counters {
   std::uint64_t offload_to_host = 0;    // cpu_offload: a reduced gradient shard moved back to the host
 };
 
+// Where parameter shards live between uses when they are not kept in
+// memory (ZeRO-Infinity's offload_param to NVMe): partition k is the k-th
+// unit with parameters, as partitions() lists them.
+class shard_store {
+ public:
+  virtual ~shard_store() = default;
+  // Fills shard (this rank's flat partition k) from the store.
+  virtual void load_shard(std::size_t partition, const at::Tensor& shard) = 0;
+  // Writes shard (after a checkpoint load changed it).
+  virtual void store_shard(std::size_t partition, const at::Tensor& shard) = 0;
+};
+
 class fsdp_engine {
  public:
   // Collective over world: every rank builds the same units. shard_size is
@@ -97,6 +109,16 @@ class fsdp_engine {
   // Each unit's flat parameter partition on this rank and its gradient
   // partition (1-D, padding included), for ZeRO's NVMe optimizer stream.
   std::vector<std::pair<at::Tensor, at::Tensor>> partitions() const;
+  // From now on the parameter shards live in store (FULL_SHARD only): they
+  // are freed here, read back for each gather and freed when it completes;
+  // the store owns their values (its optimizer step updates them there).
+  // The store must hold the current shards already, and outlive the engine's use.
+  void set_shard_store(shard_store* store);
+  // Brackets code that reads (or, with changed, writes) the parameter
+  // shards directly, such as a sharded save: they stay in memory meanwhile.
+  // No-ops without a shard store.
+  void pin_shards();
+  void unpin_shards(bool changed);
   const fsdp_counters& counters() const noexcept;
   int shard_size() const noexcept;
   int replicate_size() const noexcept;

@@ -8,6 +8,8 @@
 // is removed when the stream goes. Compiled in src/ (liburing stays there).
 #pragma once
 
+#include <loom/strategy/fsdp_engine.hpp>
+
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -38,6 +40,10 @@ struct nvme_stream_options {
   int buffer_count = 4;           // offload_optimizer.buffer_count
   int queue_depth = 8;            // aio.queue_depth
   std::int64_t block_size = 1'048'576;  // aio.block_size: bytes per request
+  // offload_param to NVMe too: the parameter partitions live in the file
+  // beside their state (the stream is then the engine's shard_store), read
+  // for each gather and by the step, which updates them there.
+  bool parameters = false;
 };
 
 // What the stream did, for tests and bench/zero_offload.sh.
@@ -48,10 +54,11 @@ struct nvme_counters {
   double read_busy_seconds = 0;       // time with at least one read in flight
   double write_busy_seconds = 0;      // time with at least one write in flight
   std::int64_t buffer_bytes = 0;      // every buffer, as allocated
-  std::int64_t state_bytes_per_sub_group = 0;
+  std::int64_t state_bytes_per_sub_group = 0;  // a buffer: one sub-group's region
+  std::uint64_t shard_loads = 0, shard_stores = 0;  // offload_param: partitions read for gathers, written
 };
 
-class nvme_stream {
+class nvme_stream final : public shard_store {
  public:
   // segments: this rank's flat parameter partitions (1-D, fp32) and their
   // gradients, in order; they are cut into sub-groups. Checks the directory
@@ -59,7 +66,7 @@ class nvme_stream {
   nvme_stream(const nvme_stream_options& options, std::vector<at::Tensor> parameters, std::vector<at::Tensor> gradients);
   nvme_stream(const nvme_stream&) = delete;
   nvme_stream& operator=(const nvme_stream&) = delete;
-  ~nvme_stream();
+  ~nvme_stream() override;
 
   // One Adam step over every sub-group: the state read, updated as
   // torch::optim::Adam/AdamW update it, and written back.
@@ -71,6 +78,11 @@ class nvme_stream {
   // save does.
   adam_partition_state read_state();
   void write_state(const adam_partition_state& state);
+
+  // shard_store (options.parameters): a partition's parameters read from,
+  // or written to, their regions of the file, through one buffer.
+  void load_shard(std::size_t partition, const at::Tensor& shard) override;
+  void store_shard(std::size_t partition, const at::Tensor& shard) override;
 
   const nvme_counters& counters() const noexcept;
   std::string file() const;
