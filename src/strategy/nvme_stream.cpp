@@ -220,7 +220,7 @@ nvme_stream::nvme_stream(const nvme_stream_options& options, std::vector<at::Ten
   std::int64_t offset = 0;
   for (std::size_t s = 0; s < parameters.size(); ++s) {
     const at::Tensor& p = parameters[s];
-    if (p.scalar_type() != at::kFloat) {
+    if (p.scalar_type() != at::kFloat && !options.masters) {
       throw configuration_error("deepspeed: NVMe offload streams fp32 state of fp32 partitions; this one is " +
                                 std::string(c10::toString(p.scalar_type())));
     }
@@ -233,7 +233,7 @@ nvme_stream::nvme_stream(const nvme_stream_options& options, std::vector<at::Ten
       g.begin = begin;
       g.numel = n;
       g.file_offset = offset;
-      g.param_bytes = options.parameters ? align_up(n * 4) : 0;
+      g.param_bytes = options.parameters || options.masters ? align_up(n * 4) : 0;
       offset += g.region_bytes();
       largest = std::max(largest, g.region_bytes());
       self.groups.push_back(g);
@@ -266,8 +266,9 @@ nvme_stream::nvme_stream(const nvme_stream_options& options, std::vector<at::Ten
     self.counters.buffer_bytes += self.slot_bytes + alignment;
   }
   self.reaper = std::thread([&self] { self.reap(); });
-  // offload_param: the file takes the parameters now; the engine frees its shards.
-  if (options.parameters) {
+  // offload_param: the file takes the parameters now (the engine frees its
+  // shards); bf16: the masters start as the partitions' values.
+  if (options.parameters || options.masters) {
     for (std::size_t s = 0; s < parameters.size(); ++s) store_shard(s, parameters[s]);
   }
 }
@@ -297,7 +298,7 @@ nvme_stream::~nvme_stream() {
   if (!self.path.empty()) ::unlink(self.path.c_str());
 }
 
-void nvme_stream::step(const adam_hyper& hyper) {
+void nvme_stream::step(const adam_hyper& hyper, double grad_scale) {
   impl& self = *impl_;
   at::NoGradGuard no_grad;
   const auto g_count = static_cast<int>(self.groups.size());
@@ -307,7 +308,8 @@ void nvme_stream::step(const adam_hyper& hyper) {
   const double step = static_cast<double>(self.step);
   const double bias1 = 1 - std::pow(hyper.beta1, step);
   const double bias2 = 1 - std::pow(hyper.beta2, step);
-  const bool parameters = self.options.parameters;
+  // The file holds each sub-group's parameters (offload_param) or masters (bf16).
+  const bool parameters = self.options.parameters || self.options.masters;
   auto read = [&](int g) {
     const int b = g % b_count;
     const sub_group& group = self.groups[static_cast<std::size_t>(g)];
@@ -329,7 +331,8 @@ void nvme_stream::step(const adam_hyper& hyper) {
     if (fresh && parameters) buffer.narrow(0, state, 2 * group.numel).zero_();  // Adam's state starts at zero
     // As LibTorch 1.13's Adam::step and AdamW::step, element for element.
     at::Tensor p = parameters ? buffer.narrow(0, 0, group.numel) : group.param;
-    at::Tensor grad = group.grad;
+    at::Tensor grad = group.grad.scalar_type() == at::kFloat ? group.grad : group.grad.to(at::kFloat);
+    if (grad_scale != 1.0) grad = grad.mul(grad_scale);
     if (hyper.decoupled) {
       p.mul_(1 - hyper.lr * hyper.weight_decay);
     } else if (hyper.weight_decay != 0) {
@@ -339,6 +342,8 @@ void nvme_stream::step(const adam_hyper& hyper) {
     exp_avg_sq.mul_(hyper.beta2).addcmul_(grad, grad, 1 - hyper.beta2);
     const at::Tensor denom = (exp_avg_sq.sqrt() / std::sqrt(bias2)).add_(hyper.eps);
     p.addcdiv_(exp_avg, denom, -hyper.lr / bias1);
+    // bf16 with the partition in memory: the updated master cast back into it.
+    if (self.options.masters && !self.options.parameters) group.param.copy_(p);
     self.transfer(b, /*write=*/true, group.file_offset, group.region_bytes());
     const int next = g + b_count - 1;
     if (b_count > 1 && next < g_count) {

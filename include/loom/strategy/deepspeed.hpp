@@ -79,9 +79,10 @@ struct deepspeed : fsdp {
       }
     }
     if (config_.offload_optimizer.device == offload_device::nvme) {
-      if (config_.bf16 || config_.fp16.enabled) {
-        throw configuration_error("deepspeed: NVMe optimizer offload under " + precision_ + " (fp32 masters on NVMe) "
-                                  "is not built yet; it runs under 32-true");
+      if (config_.fp16.enabled) {
+        throw configuration_error("deepspeed: NVMe optimizer offload under 16-mixed (fp32 masters on NVMe with "
+                                  "DeepSpeed's loss scaler) is not built yet; it runs under 32-true, bf16-mixed and "
+                                  "bf16-true");
       }
       // Before training starts: a missing or unwritable nvme_path is named now.
       detail::nvme_stream::check_directory(config_.offload_optimizer.nvme_path);
@@ -120,7 +121,8 @@ struct deepspeed : fsdp {
     if (config_.fp16.enabled) to_floating(module, at::kHalf);
     module_state engine = fsdp::setup_module(module, move_to_device);
     if (config_.offload_optimizer.device == offload_device::nvme) start_nvme(optimizer, *engine);
-    if (config_.bf16 || config_.fp16.enabled) {
+    // (With the optimizer on NVMe the fp32 masters live in its file.)
+    if ((config_.bf16 || config_.fp16.enabled) && !nvme_) {
       at::NoGradGuard no_grad;
       for (auto& group : optimizer.param_groups()) {
         for (auto& parameter : group.params()) {
@@ -179,6 +181,17 @@ struct deepspeed : fsdp {
     if (micro_steps_ % config_.gradient_accumulation_steps != 0) return;
     if (!masters_.empty()) {
       step_masters(precision, optimizer, slot);
+      return;
+    }
+    // bf16 with the masters on NVMe: the stream scales the fp32 gradients
+    // by the clipping coefficient, as the in-memory masters' step does.
+    if (nvme_ && config_.bf16) {
+      std::vector<at::Tensor> gradients;
+      for (auto& parameter : optimizer.param_groups().front().params()) {
+        if (parameter.is_floating_point()) gradients.push_back(parameter.grad());
+      }
+      const double coefficient = config_.gradient_clipping > 0 ? clip_coefficient(gradients, config_.gradient_clipping) : 1.0;
+      nvme_->step(hyper_of(optimizer), coefficient);
       return;
     }
     if (config_.gradient_clipping > 0) {
@@ -263,11 +276,11 @@ struct deepspeed : fsdp {
     // partitions (bf16/fp16: the weights themselves at full precision, in the
     // optim-states files as DeepSpeed keeps them), the loss scaler and the
     // micro-step count (the accumulation boundary).
-    if (!masters_.empty()) {
+    if (!masters_.empty() || (nvme_ && config_.bf16)) {
       c10::impl::GenericDict masters(c10::StringType::get(), c10::TensorType::get());
-      for (const auto& m : masters_) {
-        auto name = names.find(m.param.unsafeGetTensorImpl());
-        if (name != names.end()) masters.insert(name->second, m.master);
+      for (const auto& [parameter, master] : master_partitions()) {
+        auto name = names.find(parameter.unsafeGetTensorImpl());
+        if (name != names.end()) masters.insert(name->second, master);
       }
       saved.set(std::string(masters_key), c10::IValue(masters));
       layout.partition_entries.insert(std::string(masters_key));
@@ -311,7 +324,7 @@ struct deepspeed : fsdp {
       throw std::logic_error("deepspeed: the NVMe-offloaded optimizer holds state in memory");
     }
     std::optional<optimizer_state_dtype> fp32_state;
-    if (!masters_.empty()) fp32_state.emplace(at::kFloat);  // the state of fp32 masters
+    if (config_.bf16 || config_.fp16.enabled) fp32_state.emplace(at::kFloat);  // the state of fp32 masters
     state rest = load_state(path, checkpoint, strict);
     fp32_state.reset();
     at::NoGradGuard no_grad;
@@ -327,14 +340,30 @@ struct deepspeed : fsdp {
         for (const auto& item : module->named_parameters()) names.emplace(item.value().unsafeGetTensorImpl(), item.key());
       }
     }
-    for (auto& m : masters_) {
+    // With the masters on NVMe: read (the loaded weights, as the engine
+    // stored them), overwritten from the save, written back below.
+    std::vector<master_slot> on_file;
+    std::vector<at::Tensor> file_segments;
+    if (nvme_ && config_.bf16) {
+      for (std::size_t s = 0; s < nvme_segments_.size(); ++s) {
+        at::Tensor segment = at::empty({nvme_segments_[s].numel()}, at::kFloat);
+        if (config_.offload_param.device == offload_device::nvme) nvme_->load_shard(s, segment);
+        else segment.copy_(nvme_segments_[s]);
+        file_segments.push_back(segment);
+      }
+      for (auto& parameter : nvme_optimizer_->param_groups().front().params()) {
+        const auto [s, offset] = nvme_place(parameter);
+        on_file.push_back({parameter, file_segments[s].narrow(0, offset, parameter.numel()), {}, {}});
+      }
+    }
+    for (auto& m : nvme_ ? on_file : masters_) {
       if (m.master.numel() == 0) continue;  // no slice of this parameter on this rank
       at::Tensor full;
       if (auto name = names.find(m.param.unsafeGetTensorImpl()); name != names.end()) {
         if (auto found = saved_masters.find(name->second); found != saved_masters.end()) full = found->second;
       }
       if (!full.defined()) {
-        m.master.copy_(m.param.detach());
+        if (!nvme_) m.master.copy_(m.param.detach());  // (the file's segment holds the loaded weights already)
         continue;
       }
       // The saved master at full size: this rank's slice of it.
@@ -350,6 +379,7 @@ struct deepspeed : fsdp {
       }
       m.master.copy_(slice.reshape(m.master.sizes()));
     }
+    for (std::size_t s = 0; s < file_segments.size(); ++s) nvme_->store_shard(s, file_segments[s]);
     if (config_.fp16.enabled && rest.contains(scaler_key)) scaler_.load_state_dict(rest.get<c10::IValue>(scaler_key));
     if (rest.contains(micro_steps_key)) micro_steps_ = rest.get<std::int64_t>(micro_steps_key);
     for (std::string_view key : {masters_key, scaler_key, micro_steps_key}) rest.erase(key);
@@ -377,6 +407,26 @@ struct deepspeed : fsdp {
   std::vector<at::Tensor> master_tensors() const {
     std::vector<at::Tensor> out;
     for (const auto& m : masters_) out.push_back(m.master);
+    return out;
+  }
+  // Each floating parameter of the optimizer with its fp32 master partition
+  // (from memory, or read from the NVMe file).
+  std::vector<std::pair<at::Tensor, at::Tensor>> master_partitions() const {
+    std::vector<std::pair<at::Tensor, at::Tensor>> out;
+    if (!nvme_) {
+      for (const auto& m : masters_) out.emplace_back(m.param, m.master);
+      return out;
+    }
+    std::vector<at::Tensor> segments;
+    for (std::size_t s = 0; s < nvme_segments_.size(); ++s) {
+      segments.push_back(at::empty({nvme_segments_[s].numel()}, at::kFloat));
+      nvme_->load_shard(s, segments.back());
+    }
+    for (auto& parameter : nvme_optimizer_->param_groups().front().params()) {
+      if (!parameter.is_floating_point()) continue;
+      const auto [s, offset] = nvme_place(parameter);
+      out.emplace_back(parameter, segments[s].narrow(0, offset, parameter.numel()).clone());
+    }
     return out;
   }
 
@@ -408,7 +458,8 @@ struct deepspeed : fsdp {
                                     .buffer_count = static_cast<int>(offload.buffer_count),
                                     .queue_depth = static_cast<int>(config_.aio.queue_depth),
                                     .block_size = config_.aio.block_size,
-                                    .parameters = config_.offload_param.device == offload_device::nvme},
+                                    .parameters = config_.offload_param.device == offload_device::nvme,
+                                    .masters = config_.bf16},
         std::move(parameters), std::move(gradients));
     if (config_.offload_param.device == offload_device::nvme) engine.set_shard_store(nvme_.get());
   }
@@ -561,16 +612,24 @@ struct deepspeed : fsdp {
   }
   // The norm over every rank's fp32 gradient partitions.
   void clip_masters(double max_norm) {
-    at::Tensor total = at::zeros({1}, at::kDouble);
-    for (auto& m : masters_) {
-      if (m.param.grad().defined()) total += m.param.grad().to(at::kDouble).pow(2).sum();
-    }
-    if (config_.stage > 0 && world_size() > 1) group().all_reduce(total, reduce_op::sum);
-    const double coefficient = max_norm / (std::sqrt(total.item<double>()) + 1e-6);
+    std::vector<at::Tensor> gradients;
+    for (auto& m : masters_) gradients.push_back(m.param.grad());
+    const double coefficient = clip_coefficient(gradients, max_norm);
     if (coefficient >= 1.0) return;
     for (auto& m : masters_) {
       if (m.param.grad().defined()) m.param.mutable_grad().mul_(coefficient);
     }
+  }
+  // DeepSpeed's clipping coefficient from every rank's gradient partitions
+  // (summed in double, in parameter order); 1 when nothing is clipped.
+  double clip_coefficient(const std::vector<at::Tensor>& gradients, double max_norm) {
+    at::Tensor total = at::zeros({1}, at::kDouble);
+    for (const auto& gradient : gradients) {
+      if (gradient.defined()) total += gradient.to(at::kDouble).pow(2).sum();
+    }
+    if (config_.stage > 0 && world_size() > 1) group().all_reduce(total, reduce_op::sum);
+    const double coefficient = max_norm / (std::sqrt(total.item<double>()) + 1e-6);
+    return coefficient < 1.0 ? coefficient : 1.0;
   }
 
  protected:

@@ -44,6 +44,11 @@ struct nvme_stream_options {
   // beside their state (the stream is then the engine's shard_store), read
   // for each gather and by the step, which updates them there.
   bool parameters = false;
+  // DeepSpeed's bf16 mode: the partitions are 16-bit and the file holds
+  // their fp32 masters (in the parameters' place of each region), which the
+  // step updates and casts back into the partition (or, with parameters,
+  // which each read for a gather casts).
+  bool masters = false;
 };
 
 // What the stream did, for tests and bench/zero_offload.sh.
@@ -69,8 +74,9 @@ class nvme_stream final : public shard_store {
   ~nvme_stream() override;
 
   // One Adam step over every sub-group: the state read, updated as
-  // torch::optim::Adam/AdamW update it, and written back.
-  void step(const adam_hyper& hyper);
+  // torch::optim::Adam/AdamW update it, and written back. grad_scale (a
+  // clipping coefficient, applied to the fp32 gradient) when not 1.
+  void step(const adam_hyper& hyper, double grad_scale = 1.0);
 
   // The state file read back whole, sub-group by sub-group through one
   // buffer (fabric.save), and written from such a state (fabric.load). The
@@ -80,7 +86,9 @@ class nvme_stream final : public shard_store {
   void write_state(const adam_partition_state& state);
 
   // shard_store (options.parameters): a partition's parameters read from,
-  // or written to, their regions of the file, through one buffer.
+  // or written to, their regions of the file, through one buffer (cast to
+  // and from the fp32 masters under options.masters; an fp32 tensor reads
+  // or writes the masters themselves).
   void load_shard(std::size_t partition, const at::Tensor& shard) override;
   void store_shard(std::size_t partition, const at::Tensor& shard) override;
 
