@@ -85,6 +85,13 @@ int main(int argc, char** argv) {
   const char* only = std::getenv("LOOM_BENCH_ONLY");
   const char* set = std::getenv("LOOM_BENCH_SET");
   const bool zero_set = set != nullptr && std::string(set) == "zero";
+  // The steps train on one fixed batch, so after some tens of steps the
+  // gradients reach denormal floats, whose x86 arithmetic is many times
+  // slower (measured here: loom's ZeRO-1 step 85 ms with them, 38 ms
+  // flushed): the timings would then measure microcode assists, not the
+  // strategy. The ZeRO set flushes them to zero, and bench/zero_torch.py
+  // does the same on PyTorch's side (torch.set_flush_denormal).
+  if (zero_set) at::globalContext().setFlushDenormal(true);
   auto wanted = [only, zero_set](const char* name) {
     const bool zero = std::string(name).rfind("zero", 0) == 0;
     if (only != nullptr) return std::string(only) == name;

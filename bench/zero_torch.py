@@ -35,6 +35,10 @@ def main():
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 200
     warmup, block = 20, 10
     torch.set_num_threads(1)
+    # As bench/fsdp_step_bench.cpp's ZeRO set: denormals flushed to zero (one
+    # fixed batch drives the gradients into them, and their arithmetic is
+    # many times slower on x86).
+    torch.set_flush_denormal(True)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     runners = []
