@@ -1,0 +1,27 @@
+#!/bin/sh
+# loom's MPI process group (src/comm/mpi_backend.cpp) under mpirun on 2 and
+# 4 ranks: tests/dist/mpi_collectives.cpp. `mpi.sh --skip REASON` prints why
+# the test does not run (a build without MPI) and passes.
+set -u
+if [ "${1:-}" = "--skip" ]; then
+  echo "skipped: ${2:-no MPI}"
+  exit 0
+fi
+program=$(realpath "$1")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failed=0
+# As root in a container: mpirun refuses root without the flag, and
+# --oversubscribe lets 4 ranks share 2 cores.
+for n in 2 4; do
+  timeout 120 mpirun --allow-run-as-root --oversubscribe -n "$n" "$program" > "$work/out_$n" 2>&1
+  status=$?
+  if grep -q "mpi collectives: world_size=$n all checks passed" "$work/out_$n" && [ "$status" -eq 0 ]; then
+    echo "ok: MPI process group on $n ranks (every collective, dtypes, reductions, in flight, point to point, a split communicator)"
+  else
+    echo "FAIL: MPI process group on $n ranks (exit $status):"
+    sed 's/^/    /' "$work/out_$n" | head -n 40
+    failed=1
+  fi
+done
+exit $failed

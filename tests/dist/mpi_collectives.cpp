@@ -1,0 +1,236 @@
+// loom's MPI process group (src/comm/mpi_backend.hpp) under mpirun, on 2
+// and 4 ranks (tests/dist/mpi.sh): every collective c10d defines, with
+// float, double, int64, bf16 and fp16, every reduction (sum, avg, product,
+// min, max, the bitwise ones), non-contiguous tensors, several operations
+// in flight waited in reverse order, point to point (and any source), on
+// MPI_COMM_WORLD and on a split of it; and what is refused says why.
+#include "../../src/comm/mpi_backend.hpp"
+
+#include <loom/errors.hpp>
+
+#include <ATen/ATen.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace {
+
+int failures = 0;
+int world_rank = 0;
+
+#define EXPECT(condition, ...)                                                   \
+  do {                                                                           \
+    if (!(condition)) {                                                          \
+      ++failures;                                                                \
+      std::fprintf(stderr, "rank %d: check failed (line %d): ", world_rank, __LINE__); \
+      std::fprintf(stderr, __VA_ARGS__);                                         \
+      std::fprintf(stderr, "\n");                                                \
+    }                                                                            \
+  } while (0)
+
+using loom::comm::mpi_backend;
+
+// Rank r's values: r + 1 + i / 8 (exact in bf16 and fp16 for these sizes).
+at::Tensor values(int rank, std::int64_t n, c10::ScalarType type) {
+  return (at::arange(n, at::kDouble) / 8 + rank + 1).to(type);
+}
+
+void collectives(mpi_backend& group, const char* label) {
+  const int rank = group.getRank();
+  const int size = group.getSize();
+  const std::int64_t n = 12;
+  for (auto type : {at::kFloat, at::kDouble, at::kLong, at::kBFloat16, at::kHalf}) {
+    const std::string name = c10::toString(type);
+    // all_reduce: sum, avg (floating), product, min, max.
+    for (auto op : {c10d::ReduceOp::SUM, c10d::ReduceOp::AVG, c10d::ReduceOp::PRODUCT, c10d::ReduceOp::MIN,
+                    c10d::ReduceOp::MAX}) {
+      if (op == c10d::ReduceOp::AVG && !at::isFloatingType(type)) continue;
+      std::vector<at::Tensor> t{values(rank, n, type)};
+      group.allreduce(t, c10d::AllreduceOptions{.reduceOp = op})->wait();
+      at::Tensor expected = values(0, n, type).to(at::kDouble);
+      for (int r = 1; r < size; ++r) {
+        const at::Tensor v = values(r, n, type).to(at::kDouble);
+        if (op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG) expected = expected + v;
+        if (op == c10d::ReduceOp::PRODUCT) expected = expected * v;
+        if (op == c10d::ReduceOp::MIN) expected = at::minimum(expected, v);
+        if (op == c10d::ReduceOp::MAX) expected = at::maximum(expected, v);
+      }
+      if (op == c10d::ReduceOp::AVG) expected = expected / size;
+      // 16-bit results are rounded once per pair: compare in their precision.
+      const double tolerance = type == at::kBFloat16 ? 2e-2 : type == at::kHalf ? 2e-3 : 1e-12;
+      const bool ok = at::allclose(t.front().to(at::kDouble), expected, tolerance, tolerance);
+      EXPECT(ok, "%s all_reduce op %d on %s: got %s", label, static_cast<int>(op), name.c_str(),
+             c10::str(t.front()).c_str());
+    }
+    // broadcast from the last rank.
+    std::vector<at::Tensor> b{values(rank, n, type)};
+    group.broadcast(b, c10d::BroadcastOptions{.rootRank = size - 1})->wait();
+    EXPECT(at::equal(b.front(), values(size - 1, n, type)), "%s broadcast on %s", label, name.c_str());
+    // all_gather (list and flat).
+    std::vector<std::vector<at::Tensor>> gathered(1);
+    for (int r = 0; r < size; ++r) gathered.front().push_back(at::empty({n}, type));
+    std::vector<at::Tensor> in{values(rank, n, type)};
+    group.allgather(gathered, in)->wait();
+    at::Tensor flat = at::empty({size * n}, type);
+    at::Tensor mine = values(rank, n, type);
+    group._allgather_base(flat, mine)->wait();
+    for (int r = 0; r < size; ++r) {
+      EXPECT(at::equal(gathered.front()[static_cast<std::size_t>(r)], values(r, n, type)), "%s allgather %s rank %d",
+             label, name.c_str(), r);
+      EXPECT(at::equal(flat.narrow(0, r * n, n), values(r, n, type)), "%s _allgather_base %s rank %d", label,
+             name.c_str(), r);
+    }
+    // reduce_scatter (flat): chunk `rank` of every rank's input, summed.
+    at::Tensor input = at::cat({values(rank, size * n, type)});
+    at::Tensor out = at::empty({n}, type);
+    group._reduce_scatter_base(out, input)->wait();
+    at::Tensor expected = at::zeros({n}, at::kDouble);
+    for (int r = 0; r < size; ++r) expected += values(r, size * n, type).to(at::kDouble).narrow(0, rank * n, n);
+    EXPECT(at::allclose(out.to(at::kDouble), expected, 2e-2, 2e-2), "%s reduce_scatter %s", label, name.c_str());
+    // alltoall_base, equal parts: row r of every rank lands on rank r.
+    at::Tensor rows = values(rank, size * 3, type).view({size, 3});
+    at::Tensor received = at::empty({size, 3}, type);
+    std::vector<int64_t> none;
+    group.alltoall_base(received, rows, none, none)->wait();
+    for (int r = 0; r < size; ++r) {
+      EXPECT(at::equal(received[r], values(r, size * 3, type).view({size, 3})[rank]), "%s alltoall %s from %d", label,
+             name.c_str(), r);
+    }
+  }
+  // A non-contiguous tensor is reduced and written back in place.
+  at::Tensor matrix = at::ones({4, 6}).t();
+  std::vector<at::Tensor> strided{matrix};
+  group.allreduce(strided)->wait();
+  EXPECT(at::equal(matrix, at::full({6, 4}, static_cast<float>(size))), "%s non-contiguous all_reduce", label);
+  // Bitwise reductions on integers.
+  std::vector<at::Tensor> bits{at::full({4}, std::int64_t{1} << rank, at::kLong)};
+  group.allreduce(bits, c10d::AllreduceOptions{.reduceOp = c10d::ReduceOp::BOR})->wait();
+  EXPECT(bits.front()[0].item<std::int64_t>() == (std::int64_t{1} << size) - 1, "%s BOR", label);
+  // Several in flight, waited in reverse: each holds its own result.
+  std::vector<std::vector<at::Tensor>> many;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (int k = 0; k < 8; ++k) many.push_back({at::full({1000}, static_cast<double>(k + rank), at::kDouble)});
+  for (auto& t : many) works.push_back(group.allreduce(t));
+  for (int k = 7; k >= 0; --k) works[static_cast<std::size_t>(k)]->wait();
+  for (int k = 0; k < 8; ++k) {
+    const double expected = size * k + size * (size - 1) / 2.0;
+    EXPECT(many[static_cast<std::size_t>(k)].front()[0].item<double>() == expected, "%s in flight %d", label, k);
+  }
+  // gather / scatter at root 0.
+  std::vector<std::vector<at::Tensor>> gather_out(1);
+  if (rank == 0) {
+    for (int r = 0; r < size; ++r) gather_out.front().push_back(at::empty({n}));
+  }
+  std::vector<at::Tensor> gather_in{values(rank, n, at::kFloat)};
+  group.gather(gather_out, gather_in, c10d::GatherOptions{.rootRank = 0})->wait();
+  if (rank == 0) {
+    for (int r = 0; r < size; ++r) {
+      EXPECT(at::equal(gather_out.front()[static_cast<std::size_t>(r)], values(r, n, at::kFloat)), "%s gather %d",
+             label, r);
+    }
+  }
+  std::vector<std::vector<at::Tensor>> scatter_in(1);
+  if (rank == 0) {
+    for (int r = 0; r < size; ++r) scatter_in.front().push_back(values(r, n, at::kFloat));
+  }
+  std::vector<at::Tensor> scatter_out{at::empty({n})};
+  group.scatter(scatter_out, scatter_in, c10d::ScatterOptions{.rootRank = 0})->wait();
+  EXPECT(at::equal(scatter_out.front(), values(rank, n, at::kFloat)), "%s scatter", label);
+  // Point to point around the ring, and a receive from any source.
+  std::vector<at::Tensor> outgoing{values(rank, n, at::kFloat)};
+  std::vector<at::Tensor> incoming{at::empty({n})};
+  auto receiving = group.recv(incoming, (rank + size - 1) % size, 7);
+  auto sending = group.send(outgoing, (rank + 1) % size, 7);
+  sending->wait();
+  receiving->wait();
+  EXPECT(at::equal(incoming.front(), values((rank + size - 1) % size, n, at::kFloat)), "%s ring send/recv", label);
+  if (rank == 0) {
+    std::vector<at::Tensor> any{at::empty({n})};
+    auto from = group.recvAnysource(any, 9);
+    from->wait();
+    EXPECT(from->sourceRank() == size - 1 && at::equal(any.front(), values(size - 1, n, at::kFloat)),
+           "%s recvAnysource: source %d", label, from->sourceRank());
+  } else if (rank == size - 1) {
+    std::vector<at::Tensor> t{values(rank, n, at::kFloat)};
+    group.send(t, 0, 9)->wait();
+  }
+  group.barrier()->wait();
+}
+
+void refusals(mpi_backend& group) {
+  auto says = [](auto&& call, const std::string& expected) {
+    try {
+      call();
+    } catch (const loom::configuration_error& error) {
+      return std::string(error.what()).find(expected) != std::string::npos;
+    }
+    return false;
+  };
+  std::vector<at::Tensor> two{at::ones({2}), at::ones({2})};
+  EXPECT(says([&] { group.allreduce(two); }, "one tensor per call"), "two tensors not refused");
+  std::vector<at::Tensor> floats{at::ones({2})};
+  EXPECT(says([&] { group.allreduce(floats, c10d::AllreduceOptions{.reduceOp = c10d::ReduceOp::BAND}); },
+              "bitwise reductions take integer"),
+         "BAND on floats not refused");
+  std::vector<at::Tensor> complex{at::ones({2}, at::kComplexFloat)};
+  EXPECT(says([&] { group.allreduce(complex); }, "are not supported"), "complex not refused");
+  at::Tensor small = at::empty({3});
+  at::Tensor in = at::ones({2});
+  EXPECT(says([&] { group._allgather_base(small, in); }, "needs size x input"), "a wrong all_gather size not refused");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  int world_size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  try {
+    {
+      auto world = mpi_backend::create(MPI_COMM_WORLD, std::chrono::minutes(1));
+      collectives(*world, "world");
+      refusals(*world);
+      // The application's own traffic on MPI_COMM_WORLD does not match loom's
+      // (the group works on a duplicate): a message of the application's, sent
+      // before loom's collectives, is received after them.
+      int token = world_rank == 0 ? 42 : -1;
+      MPI_Request pending = MPI_REQUEST_NULL;
+      if (world_rank == 0 && world_size > 1) MPI_Isend(&token, 1, MPI_INT, 1, 0, MPI_COMM_WORLD, &pending);
+      std::vector<at::Tensor> t{at::ones({4})};
+      world->allreduce(t)->wait();
+      if (world_rank == 1) MPI_Recv(&token, 1, MPI_INT, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      if (world_rank == 0 && world_size > 1) MPI_Wait(&pending, MPI_STATUS_IGNORE);
+      EXPECT(world_rank > 1 || token == 42, "the application's message was taken by loom's group");
+      EXPECT(world->completed() > 0, "nothing completed");
+    }
+    // A split of the application's communicator: two independent groups.
+    if (world_size >= 4) {
+      MPI_Comm half = MPI_COMM_NULL;
+      MPI_Comm_split(MPI_COMM_WORLD, world_rank % 2, world_rank, &half);
+      {
+        auto group = mpi_backend::create(half, std::chrono::minutes(1));
+        std::vector<at::Tensor> t{at::full({3}, static_cast<float>(world_rank))};
+        group->allreduce(t)->wait();
+        float expected = 0;
+        for (int r = world_rank % 2; r < world_size; r += 2) expected += static_cast<float>(r);
+        EXPECT(t.front()[0].item<float>() == expected, "split group of parity %d: got %f", world_rank % 2,
+               t.front()[0].item<float>());
+        collectives(*group, "split");
+      }
+      MPI_Comm_free(&half);
+    }
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "rank %d: %s\n", world_rank, error.what());
+    ++failures;
+  }
+  int all = 0;
+  MPI_Allreduce(&failures, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (world_rank == 0) {
+    std::printf("mpi collectives: world_size=%d %s\n", world_size, all == 0 ? "all checks passed" : "FAILED");
+  }
+  MPI_Finalize();
+  return all == 0 ? 0 : 1;
+}
