@@ -8,6 +8,7 @@
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <exception>
 #include <numeric>
 
@@ -159,6 +160,13 @@ c10::intrusive_ptr<mpi_backend> mpi_backend::create(MPI_Comm parent, std::chrono
   int provided = MPI_THREAD_SINGLE;
   if (!initialised) {
     MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    // loom started MPI, so loom ends it (after main: the groups are gone by
+    // then, and mpirun counts a process that never finalized as failed).
+    std::atexit([] {
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (!finalized) MPI_Finalize();
+    });
   } else {
     MPI_Query_thread(&provided);
   }
@@ -177,6 +185,23 @@ c10::intrusive_ptr<mpi_backend> mpi_backend::create(MPI_Comm parent, std::chrono
   MPI_Comm_rank(own, &rank);
   MPI_Comm_size(own, &size);
   return c10::make_intrusive<mpi_backend>(own, rank, size, timeout);
+}
+
+c10::intrusive_ptr<mpi_backend> mpi_backend::create_subgroup(const mpi_backend& parent, const std::vector<int>& members,
+                                                             std::chrono::milliseconds timeout) {
+  MPI_Group whole = MPI_GROUP_NULL, part = MPI_GROUP_NULL;
+  MPI_Comm_group(parent.comm_, &whole);
+  MPI_Group_incl(whole, static_cast<int>(members.size()), members.data(), &part);
+  MPI_Comm sub = MPI_COMM_NULL;
+  const int code = MPI_Comm_create_group(parent.comm_, part, /*tag=*/0, &sub);
+  MPI_Group_free(&part);
+  MPI_Group_free(&whole);
+  if (code != MPI_SUCCESS) parent.fail("MPI_Comm_create_group", code);
+  MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(sub, &rank);
+  MPI_Comm_size(sub, &size);
+  return c10::make_intrusive<mpi_backend>(sub, rank, size, timeout);
 }
 
 mpi_backend::mpi_backend(MPI_Comm own, int rank, int size, std::chrono::milliseconds timeout)
@@ -207,6 +232,7 @@ void mpi_backend::fail(const char* call, int code) const {
 c10::intrusive_ptr<c10d::Work> mpi_backend::enqueue(c10d::OpType type, const char* name,
                                                     std::function<MPI_Request()> start, std::function<void()> finish,
                                                     std::vector<at::Tensor> outputs) {
+  if (type != c10d::OpType::SEND && type != c10d::OpType::RECV && type != c10d::OpType::RECVANYSOURCE) ++sequence_;
   auto done = c10::make_intrusive<work>(getRank(), type, std::move(outputs));
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -29,6 +29,7 @@
 #endif
 #include <mpi.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -44,6 +45,10 @@ class mpi_backend final : public compat::c10d_backend {
   // Initialises MPI (MPI_THREAD_MULTIPLE) when nobody has; a communicator
   // of the application's (MPI_COMM_WORLD or a split of it) is duplicated.
   static c10::intrusive_ptr<mpi_backend> create(MPI_Comm parent, std::chrono::milliseconds timeout);
+  // The members (ranks of parent) as a group of their own
+  // (MPI_Comm_create_group: collective over the members only).
+  static c10::intrusive_ptr<mpi_backend> create_subgroup(const mpi_backend& parent, const std::vector<int>& members,
+                                                         std::chrono::milliseconds timeout);
 
   mpi_backend(MPI_Comm own, int rank, int size, std::chrono::milliseconds timeout);
   ~mpi_backend() override;
@@ -81,6 +86,11 @@ class mpi_backend final : public compat::c10d_backend {
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
 
+  // c10d's sequence number: the collectives issued on the group (point to
+  // point excepted), which loom's tests and the DDP engine count.
+  void setSequenceNumberForGroup() override { sequence_ = 0; }
+  uint64_t getSequenceNumberForGroup() override { return sequence_; }
+
   MPI_Comm communicator() const noexcept { return comm_; }
   // Operations completed, and MPI_Test calls made (the back-off's cost).
   std::uint64_t completed() const noexcept { return completed_; }
@@ -110,6 +120,7 @@ class mpi_backend final : public compat::c10d_backend {
   bool stopping_ = false;
   std::thread thread_;
   std::uint64_t completed_ = 0, tests_ = 0;
+  std::atomic<std::uint64_t> sequence_{0};
 };
 
 }  // namespace loom::comm

@@ -7,6 +7,10 @@
 #include <loom/compat_c10d.hpp>
 #include <loom/errors.hpp>
 
+#if defined(LOOM_WITH_MPI)
+#include "mpi_backend.hpp"
+#endif
+
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -158,7 +162,7 @@ bool gloo_supports(c10::ScalarType dtype) {
 
 // The tensor as the backend can take it: itself, or a float copy of a bf16 one.
 at::Tensor wire_tensor(const process_group_state& state, const at::Tensor& tensor, const char* operation) {
-  if (state.kind == backend::nccl || gloo_supports(tensor.scalar_type())) {
+  if (state.kind != backend::gloo || gloo_supports(tensor.scalar_type())) {
     return tensor.is_contiguous() ? tensor : tensor.contiguous();
   }
   if (tensor.scalar_type() == c10::ScalarType::BFloat16) return tensor.to(at::kFloat);
@@ -177,8 +181,39 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const group_options& opti
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
+// parent and members: for a sub-group, the group it is made from and the
+// members' ranks in it (MPI splits the parent's communicator).
 c10::intrusive_ptr<compat::c10d_backend> make_backend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                                      const group_options& options) {
+                                                      const group_options& options,
+                                                      const process_group_state* parent,
+                                                      const std::vector<int>& members) {
+  if (options.kind == backend::mpi) {
+#if defined(LOOM_WITH_MPI)
+    c10::intrusive_ptr<mpi_backend> group;
+    if (parent == nullptr) {
+      group = mpi_backend::create(MPI_COMM_WORLD, options.timeout);
+    } else {
+      auto* above = dynamic_cast<mpi_backend*>(parent->backend.get());
+      if (above == nullptr) throw std::logic_error("an mpi sub-group of a group that is not mpi's");
+      group = mpi_backend::create_subgroup(*above, members, options.timeout);
+    }
+    if (group->getRank() != rank || group->getSize() != size) {
+      throw configuration_error("process group backend 'mpi': loom's rank " + std::to_string(rank) + " of " +
+                                std::to_string(size) + " is MPI's rank " + std::to_string(group->getRank()) + " of " +
+                                std::to_string(group->getSize()) + "; start the job with mpirun (loom then reads "
+                                "its ranks from the MPI environment) and do not set RANK/WORLD_SIZE yourself");
+    }
+    return group;
+#else
+    (void)parent;
+    (void)members;
+    throw configuration_error(
+        "process group backend 'mpi' was requested, but this loom was built without MPI (the `mpi` Meson feature "
+        "needs libopenmpi-dev). Install it and reconfigure, or use the gloo backend.");
+#endif
+  }
+  (void)parent;
+  (void)members;
   if (options.kind == backend::nccl) {
 #if defined(LOOM_WITH_NCCL)
     auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
@@ -201,7 +236,8 @@ std::string to_string(const std::vector<uint8_t>& bytes) { return std::string(by
 
 std::shared_ptr<process_group_state> build(c10::intrusive_ptr<c10d::Store> root, const std::string& name, int rank,
                                            int size, std::vector<int> global_ranks, const group_options& options,
-                                           const rendezvous& where) {
+                                           const rendezvous& where, const process_group_state* parent = nullptr,
+                                           const std::vector<int>& members = {}) {
   auto state = std::make_shared<process_group_state>();
   state->root_store = root;
   state->rank = rank;
@@ -217,7 +253,7 @@ std::shared_ptr<process_group_state> build(c10::intrusive_ptr<c10d::Store> root,
   const std::string identity = hostname() + " " + std::to_string(::getpid());
   store->set("peer/" + std::to_string(rank), std::vector<uint8_t>(identity.begin(), identity.end()));
   state->store = store;
-  state->backend = make_backend(store, rank, size, options);
+  state->backend = make_backend(store, rank, size, options, parent, members);
   // Sequence numbers count the collectives issued on the group (for tests
   // and for the DDP engine's all-reduce count); agreeing on the start is a
   // store exchange, done once here.
@@ -488,7 +524,8 @@ process_group process_group::new_group(const std::vector<int>& ranks) const {
   for (int r : sorted) global.push_back(state.global_ranks[static_cast<std::size_t>(r)]);
   try {
     return process_group(build(state.root_store, name, static_cast<int>(position - sorted.begin()),
-                               static_cast<int>(sorted.size()), std::move(global), state.options, state.where));
+                               static_cast<int>(sorted.size()), std::move(global), state.options, state.where, &state,
+                               sorted));
   } catch (const std::exception& error) {
     throw peer_error("new_group " + name + " did not form: " + error_text(error));
   }

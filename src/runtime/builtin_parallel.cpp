@@ -11,9 +11,11 @@ void read_common(option_reader& reader, std::chrono::milliseconds& timeout, comm
   double seconds = std::chrono::duration<double>(timeout).count();
   reader.read("timeout", seconds, 0.0, 1e9);
   timeout = std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
-  std::string backend_name = backend == comm::backend::nccl ? "nccl" : "gloo";
-  reader.read("process_group_backend", backend_name, {"gloo", "nccl"});
-  backend = backend_name == "nccl" ? comm::backend::nccl : comm::backend::gloo;
+  std::string backend_name = backend == comm::backend::nccl ? "nccl" : backend == comm::backend::mpi ? "mpi" : "gloo";
+  reader.read("process_group_backend", backend_name, {"gloo", "nccl", "mpi"});
+  backend = backend_name == "nccl"  ? comm::backend::nccl
+            : backend_name == "mpi" ? comm::backend::mpi
+                                    : comm::backend::gloo;
 }
 
 parallel make_parallel(option_reader& reader, launcher_kind launcher) {

@@ -8,6 +8,7 @@ if [ "${1:-}" = "--skip" ]; then
   exit 0
 fi
 program=$(realpath "$1")
+laws=$(realpath "$2")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 failed=0
@@ -23,5 +24,20 @@ for n in 2 4; do
     sed 's/^/    /' "$work/out_$n" | head -n 40
     failed=1
   fi
+done
+# DDP and FSDP on the MPI group equal single_device.
+for strategy in ddp fsdp; do
+  for n in 2 4; do
+    timeout 120 mpirun --allow-run-as-root --oversubscribe -n "$n" "$laws" "$strategy" > "$work/laws_$n" 2>&1
+    status=$?
+    if grep -q "mpi laws: world_size=$n all checks passed" "$work/laws_$n" && [ "$status" -eq 0 ]; then
+      echo "ok: $strategy on the MPI group, $n ranks, equals single_device"
+      sed -n 's/^law (mpi)/  law (mpi)/p' "$work/laws_$n"
+    else
+      echo "FAIL: $strategy on the MPI group, $n ranks (exit $status):"
+      sed 's/^/    /' "$work/laws_$n" | head -n 40
+      failed=1
+    fi
+  done
 done
 exit $failed

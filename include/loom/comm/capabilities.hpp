@@ -7,7 +7,7 @@
 
 namespace loom::comm {
 
-enum class backend { gloo, nccl };
+enum class backend { gloo, nccl, mpi };
 
 struct backend_capabilities {
   std::string_view name;
@@ -25,6 +25,16 @@ struct backend_capabilities {
 constexpr backend_capabilities capabilities_of(backend kind) noexcept {
   switch (kind) {
     case backend::gloo: return {.name = "gloo"};
+    // loom's own group over MPI (src/comm/mpi_backend.cpp, the `mpi` build
+    // feature): MPI_Ireduce_scatter_block, MPI_Iallgather, AVG as a sum
+    // divided, bf16/fp16 moved as 16-bit words and summed by loom's MPI operations.
+    case backend::mpi:
+      return {.name = "mpi",
+              .reduce_scatter = true,
+              .all_gather_into = true,
+              .mean = true,
+              .bf16_collectives = true,
+              .bf16_reductions = true};
     case backend::nccl:
       return {.name = "nccl",
               .reduce_scatter = true,

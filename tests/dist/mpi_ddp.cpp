@@ -1,0 +1,43 @@
+// DDP and FSDP on loom's MPI process group, under mpirun (tests/dist/mpi.sh):
+// the shared law against single_device (N ranks with B/N rows equal one
+// process with B), with process_group_backend = mpi. DDP's Reducer drives
+// the MPI group's all-reduces; FSDP uses its native reduce-scatter and
+// all-gather (MPI_Ireduce_scatter_block, MPI_Iallgather), which Gloo lacks.
+#include "law_models.hpp"
+
+#include <cstdio>
+#include <string>
+
+// `mpi_ddp ddp` or `mpi_ddp fsdp`: one Fabric per job (under mpirun each
+// Fabric hosts its store on the port derived from the job id).
+template <class F, class Make>
+int run(F& fabric, Make&& make, const char* what) {
+  fabric.launch();
+  laws::rank_for_messages = fabric.global_rank();
+  LAW_EXPECT(fabric.strategy().group().kind() == loom::comm::backend::mpi, "the %s group is not MPI's", what);
+  const auto result = laws::law_equivalence(fabric, make, what);
+  const bool everyone = fabric.reduce_boolean_decision(laws::failures == 0, /*all=*/true);
+  if (fabric.is_global_zero()) {
+    std::printf("law (mpi): %s, world_size=%d: max |strategy - single| after 20 Adam steps = %.3g\n", what,
+                fabric.world_size(), result.max_difference);
+    std::printf("mpi laws: world_size=%d %s\n", fabric.world_size(), everyone ? "all checks passed" : "FAILED");
+  }
+  return laws::failures == 0 ? 0 : 1;
+}
+
+int main(int argc, char** argv) {
+  const std::string which = argc > 1 ? argv[1] : "ddp";
+  try {
+    if (which == "fsdp") {
+      loom::Fabric<loom::cpu, loom::fsdp, loom::fp32> fabric(
+          {}, loom::fsdp(loom::fsdp_options{.process_group_backend = loom::comm::backend::mpi}));
+      return run(fabric, laws::make_net, "FSDP on the MPI group (its native reduce-scatter and all-gather)");
+    }
+    loom::Fabric<loom::cpu, loom::ddp, loom::fp32> fabric(
+        {}, loom::ddp(loom::ddp_options{.process_group_backend = loom::comm::backend::mpi}));
+    return run(fabric, laws::make_plain, "DDP on the MPI group (its Reducer's all-reduces)");
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "mpi_ddp rank %d: %s\n", laws::rank_for_messages, error.what());
+    return 1;
+  }
+}
