@@ -1,5 +1,12 @@
 #!/bin/sh
-# bench/allreduce.sh BUILD_DIR: loom's all_reduce vs raw c10d on 2 ranks (Gloo, loopback).
+# bench/allreduce.sh BUILD_DIR: loom's all_reduce vs raw c10d on 2 ranks (Gloo, loopback);
+# then, with MPI built, loom's MPI group vs its Gloo group (last line
+# mpi_vs_gloo_1MiB=R mpi_vs_gloo_16MiB=S mpi_vs_gloo_64MiB=T).
 set -eu
 build=${1:-build}
-OMP_NUM_THREADS=1 exec "$build/tools/loom-run" --accelerator cpu --devices 2 "$build/bench/allreduce_bench"
+OMP_NUM_THREADS=1 "$build/tools/loom-run" --accelerator cpu --devices 2 "$build/bench/allreduce_bench"
+# loom's MPI process group against its Gloo one, when this build has MPI.
+if [ -x "$build/bench/mpi_allreduce_bench" ]; then
+  echo
+  OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe -n 2 "$build/bench/mpi_allreduce_bench"
+fi

@@ -98,6 +98,31 @@ void collectives(mpi_backend& group, const char* label) {
              name.c_str(), r);
     }
   }
+  // Large messages (>= 1 MiB) take MPI's blocking calls on the progress thread.
+  {
+    const std::int64_t big = 1 << 19;  // 2 MiB of float
+    std::vector<at::Tensor> t{at::full({big}, static_cast<float>(rank + 1))};
+    auto pending = group.allreduce(t);
+    std::vector<at::Tensor> b{at::full({big}, static_cast<float>(rank))};
+    auto broadcast = group.broadcast(b, c10d::BroadcastOptions{.rootRank = 0});
+    at::Tensor gathered = at::empty({size * big});
+    at::Tensor mine = at::full({big}, static_cast<float>(rank));
+    auto gathering = group._allgather_base(gathered, mine);
+    at::Tensor scattered = at::empty({big});
+    at::Tensor whole = at::ones({size * big});
+    auto reducing = group._reduce_scatter_base(scattered, whole);
+    reducing->wait();
+    gathering->wait();
+    broadcast->wait();
+    pending->wait();
+    EXPECT(at::equal(t.front(), at::full({big}, size * (size + 1) / 2.0f)), "%s large all_reduce", label);
+    EXPECT(at::equal(b.front(), at::zeros({big})), "%s large broadcast", label);
+    for (int r = 0; r < size; ++r) {
+      EXPECT(at::equal(gathered.narrow(0, r * big, big), at::full({big}, static_cast<float>(r))), "%s large all_gather",
+             label);
+    }
+    EXPECT(at::equal(scattered, at::full({big}, static_cast<float>(size))), "%s large reduce_scatter", label);
+  }
   // A non-contiguous tensor is reduced and written back in place.
   at::Tensor matrix = at::ones({4, 6}).t();
   std::vector<at::Tensor> strided{matrix};
