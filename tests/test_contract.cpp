@@ -264,8 +264,9 @@ TEST_CASE("make_fabric passes a strategy's options (JSON text or file) and refus
   CHECK_THROWS_WITH(loom::make_fabric({.strategy = "ddp", .strategy_options = R"({"static_graph": 1})"}),
                     Catch::Contains("option 'static_graph' = 1 is not accepted: expected true or false"));
   CHECK_THROWS_WITH(
-      loom::make_fabric({.strategy = "ddp", .strategy_options = R"({"process_group_backend": "mpi"})"}),
-      Catch::Contains("option 'process_group_backend' = \"mpi\" is not accepted: expected one of \"gloo\", \"nccl\""));
+      loom::make_fabric({.strategy = "ddp", .strategy_options = R"({"process_group_backend": "ucc"})"}),
+      Catch::Contains("option 'process_group_backend' = \"ucc\" is not accepted: expected one of \"gloo\", \"nccl\", "
+                      "\"mpi\""));
   CHECK_THROWS_WITH(loom::make_fabric({.strategy = "single_device", .strategy_options = R"({"x": 1})"}),
                     Catch::Contains("unknown option 'x' = 1; accepted: none (it takes no options)"));
   CHECK_THROWS_WITH(loom::make_fabric({.strategy = "ddp", .strategy_options = R"({"bucket_cap_mb": )"}),
