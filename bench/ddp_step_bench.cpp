@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 namespace {
 using clock_type = std::chrono::steady_clock;
@@ -26,7 +27,11 @@ double ms(clock_type::time_point a, clock_type::time_point b) {
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 200;
   constexpr int warmup = 50;
-  loom::Fabric<loom::cpu, loom::ddp, loom::fp32> fabric;
+  // LOOM_BENCH_BACKEND=mpi: the MPI process group (bench/ddp_mpi_vs_gloo.sh).
+  const char* backend = std::getenv("LOOM_BENCH_BACKEND");
+  const bool mpi = backend != nullptr && std::string(backend) == "mpi";
+  loom::Fabric<loom::cpu, loom::ddp, loom::fp32> fabric(
+      {}, loom::ddp(loom::ddp_options{.process_group_backend = mpi ? loom::comm::backend::mpi : loom::comm::backend::gloo}));
   fabric.launch();
   const bool report = fabric.is_global_zero();
   at::manual_seed(0);
