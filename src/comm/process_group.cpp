@@ -26,6 +26,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <atomic>
@@ -248,9 +249,26 @@ std::shared_ptr<process_group_state> build(c10::intrusive_ptr<c10d::Store> root,
   state->group_name = name;
   state->where = where;
   state->emulation.store(options.emulation, std::memory_order_relaxed);
-  auto store = c10::make_intrusive<c10d::PrefixStore>("loom/" + name + "/", root);
   // Who is who, so that a failure can name the rank that went away.
   const std::string identity = hostname() + " " + std::to_string(::getpid());
+  if (!root) {
+    // The MPI group: no store. The identities travel through MPI itself.
+    state->backend = make_backend({}, rank, size, options, parent, members);
+    constexpr std::int64_t width = 256;
+    at::Tensor mine = at::zeros({width}, at::kByte);
+    std::memcpy(mine.data_ptr(), identity.data(), std::min<std::size_t>(identity.size(), width - 1));
+    at::Tensor everyone = at::empty({size * width}, at::kByte);
+    state->backend->_allgather_base(everyone, mine)->wait();
+    state->peers.resize(static_cast<std::size_t>(size));
+    for (int r = 0; r < size; ++r) {
+      std::istringstream in(std::string(static_cast<const char*>(everyone.data_ptr()) + r * width));
+      in >> state->peers[static_cast<std::size_t>(r)].host >> state->peers[static_cast<std::size_t>(r)].pid;
+    }
+    state->backend->setSequenceNumberForGroup();
+    state->first_sequence_number = state->backend->getSequenceNumberForGroup();
+    return state;
+  }
+  auto store = c10::make_intrusive<c10d::PrefixStore>("loom/" + name + "/", root);
   store->set("peer/" + std::to_string(rank), std::vector<uint8_t>(identity.begin(), identity.end()));
   state->store = store;
   state->backend = make_backend(store, rank, size, options, parent, members);
@@ -329,9 +347,13 @@ process_group process_group::connect(const rendezvous& where, int rank, int worl
   }
   c10::intrusive_ptr<c10d::Store> store;
   const std::string where_text =
-      where.file_path ? "file " + *where.file_path : where.address + ":" + std::to_string(where.port);
+      options.kind == backend::mpi ? std::string("MPI_COMM_WORLD")
+      : where.file_path            ? "file " + *where.file_path
+                                   : where.address + ":" + std::to_string(where.port);
   try {
-    if (where.file_path) {
+    if (options.kind == backend::mpi) {
+      // MPI is the rendezvous: no store, no port, no socket of loom's own.
+    } else if (where.file_path) {
       // One FileStore per file and process: FileStore counts its instances in
       // the file and deletes the file when a count reaches zero, so a second
       // instance (a second Fabric) that goes away would take the first one's

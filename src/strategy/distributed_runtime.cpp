@@ -171,7 +171,9 @@ void distributed_runtime::connect() {
   if (world_size_ == 1) return;  // one process: collectives are identities
   comm::rendezvous where;
   const std::string dir = !rendezvous_dir_.empty() ? rendezvous_dir_ : cluster_.rendezvous_dir.value_or("");
-  if (!dir.empty() && num_nodes_ == 1) {
+  if (options_.backend == comm::backend::mpi) {
+    // The MPI group meets through MPI: no address, no port.
+  } else if (!dir.empty() && num_nodes_ == 1) {
     where.file_path = dir + "/store";
   } else {
     where.address = cluster_.main_address;
