@@ -192,7 +192,10 @@ c10::intrusive_ptr<compat::c10d_backend> make_backend(const c10::intrusive_ptr<c
 #if defined(LOOM_WITH_MPI)
     c10::intrusive_ptr<mpi_backend> group;
     if (parent == nullptr) {
-      group = mpi_backend::create(MPI_COMM_WORLD, options.timeout);
+      const MPI_Comm world = options.mpi_communicator
+                                 ? MPI_Comm_f2c(static_cast<MPI_Fint>(*options.mpi_communicator))
+                                 : MPI_COMM_WORLD;
+      group = mpi_backend::create(world, options.timeout);
     } else {
       auto* above = dynamic_cast<mpi_backend*>(parent->backend.get());
       if (above == nullptr) throw std::logic_error("an mpi sub-group of a group that is not mpi's");

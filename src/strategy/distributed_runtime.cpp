@@ -1,9 +1,17 @@
 #include <loom/errors.hpp>
 #include <loom/strategy/distributed_runtime.hpp>
 
+#if defined(LOOM_WITH_MPI)
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+#endif
+
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +29,37 @@ std::optional<int> env_int(const char* name) {
   return static_cast<int>(value);
 }
 
+// The ranks of an application's communicator: world and rank its own, local
+// rank and size those of its ranks on this node (MPI_COMM_TYPE_SHARED).
+struct communicator_ranks {
+  int rank = 0, size = 1, local_rank = 0, local_size = 1;
+};
+communicator_ranks ranks_of(std::int64_t handle) {
+#if defined(LOOM_WITH_MPI)
+  int initialised = 0;
+  MPI_Initialized(&initialised);
+  if (!initialised) {
+    throw configuration_error("mpi_communicator is set, but MPI is not initialised: the application initialises "
+                              "MPI (MPI_Init_thread with MPI_THREAD_MULTIPLE) and passes MPI_Comm_c2f(its "
+                              "communicator)");
+  }
+  const MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(handle));
+  communicator_ranks out;
+  MPI_Comm_rank(comm, &out.rank);
+  MPI_Comm_size(comm, &out.size);
+  MPI_Comm local = MPI_COMM_NULL;
+  MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, out.rank, MPI_INFO_NULL, &local);
+  MPI_Comm_rank(local, &out.local_rank);
+  MPI_Comm_size(local, &out.local_size);
+  MPI_Comm_free(&local);
+  return out;
+#else
+  (void)handle;
+  throw configuration_error("mpi_communicator is set, but this loom was built without MPI (the `mpi` Meson "
+                            "feature needs libopenmpi-dev)");
+#endif
+}
+
 bool is_loopback(const std::string& address) {
   return address.rfind("127.", 0) == 0 || address == "localhost" || address == "::1";
 }
@@ -31,7 +70,21 @@ distributed_runtime::distributed_runtime(const strategy_environment& environment
     : environment_(environment), launcher_(options.launcher), options_(options), cluster_(cluster::detect()) {
   const auto& requested = environment.requested;
   num_nodes_ = environment.num_nodes;
-  if (cluster_.creates_processes_externally) {
+  if (options.mpi_communicator) {
+    // The application's communicator decides the ranks (a split trains on its own).
+    if (options.backend != comm::backend::mpi) {
+      throw configuration_error("mpi_communicator is set, so process_group_backend must be mpi (the group runs on "
+                                "that communicator)");
+    }
+    const communicator_ranks ranks = ranks_of(*options.mpi_communicator);
+    cluster_.creates_processes_externally = true;
+    world_size_ = ranks.size;
+    global_rank_ = ranks.rank;
+    local_rank_ = ranks.local_rank;
+    local_world_size_ = ranks.local_size;
+    num_nodes_ = std::max(1, ranks.size / std::max(1, ranks.local_size));
+    node_rank_ = ranks.rank / std::max(1, ranks.local_size);
+  } else if (cluster_.creates_processes_externally) {
     node_rank_ = cluster_.node_rank;
     local_rank_ = cluster_.local_rank;
     if (cluster_.name == "lightning") {
@@ -187,6 +240,7 @@ void distributed_runtime::connect() {
   comm::group_options group_options;
   group_options.timeout = options_.timeout;
   group_options.kind = options_.backend;
+  group_options.mpi_communicator = options_.mpi_communicator;
   group_options.loopback_only = num_nodes_ == 1 || is_loopback(cluster_.main_address);
   group_ = comm::process_group::connect(where, global_rank_, world_size_, group_options);
 }

@@ -41,4 +41,17 @@ for strategy in ddp fsdp; do
     fi
   done
 done
+# A Fabric on the application's communicator: two halves of a 4-rank job
+# (split by parity) train independently, each equal to single_device.
+timeout 120 mpirun --allow-run-as-root --oversubscribe -x MASTER_ADDR=192.0.2.1 -x MASTER_PORT=9 -n 4 "$laws" split \
+  > "$work/split" 2>&1
+status=$?
+if [ "$(grep -c "mpi laws: world_size=2 all checks passed" "$work/split")" -eq 2 ] && [ "$status" -eq 0 ]; then
+  echo "ok: two Fabrics on the halves of a split MPI_COMM_WORLD (4 ranks) train independently, each equal to single_device"
+  sed -n 's/^law (mpi)/  law (mpi)/p' "$work/split"
+else
+  echo "FAIL: Fabrics on a split communicator (exit $status):"
+  sed 's/^/    /' "$work/split" | head -n 40
+  failed=1
+fi
 exit $failed

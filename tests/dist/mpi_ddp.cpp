@@ -5,6 +5,11 @@
 // all-gather (MPI_Ireduce_scatter_block, MPI_Iallgather), which Gloo lacks.
 #include "law_models.hpp"
 
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+
 #include <cstdio>
 #include <string>
 
@@ -28,6 +33,31 @@ int run(F& fabric, Make&& make, const char* what) {
 int main(int argc, char** argv) {
   const std::string which = argc > 1 ? argv[1] : "ddp";
   try {
+    if (which == "split") {
+      // The application owns MPI: it splits its world by parity, and each
+      // half trains a Fabric of its own on its communicator, at the same time.
+      int provided = 0;
+      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+      int world_rank = 0, world_size = 1;
+      MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+      MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+      MPI_Comm half = MPI_COMM_NULL;
+      MPI_Comm_split(MPI_COMM_WORLD, world_rank % 2, world_rank, &half);
+      int status = 0;
+      {
+        loom::Fabric<loom::cpu, loom::ddp, loom::fp32> fabric(
+            {}, loom::ddp(loom::ddp_options{.process_group_backend = loom::comm::backend::mpi,
+                                            .mpi_communicator = MPI_Comm_c2f(half)}));
+        laws::rank_for_messages = world_rank;
+        LAW_EXPECT(fabric.world_size() == world_size / 2 && fabric.global_rank() == world_rank / 2,
+                   "the Fabric on a half has world size %d and rank %d", fabric.world_size(), fabric.global_rank());
+        status = run(fabric, laws::make_plain, world_rank % 2 == 0 ? "DDP on the even half's communicator"
+                                                                    : "DDP on the odd half's communicator");
+      }
+      MPI_Comm_free(&half);
+      MPI_Finalize();
+      return status;
+    }
     if (which == "fsdp") {
       loom::Fabric<loom::cpu, loom::fsdp, loom::fp32> fabric(
           {}, loom::fsdp(loom::fsdp_options{.process_group_backend = loom::comm::backend::mpi}));

@@ -39,6 +39,9 @@ struct group_options {
   // How reduce_scatter_into / all_gather_into run where the backend has no
   // native form (Gloo).
   comm::emulation emulation = comm::emulation::point_to_point;
+  // backend mpi: the communicator to duplicate (MPI_Comm_c2f's handle);
+  // empty: MPI_COMM_WORLD.
+  std::optional<std::int64_t> mpi_communicator;
 };
 
 struct process_group_state;

@@ -30,7 +30,10 @@ struct ddp : parallel {
   ddp() = default;
   explicit ddp(ddp_options options)
       : parallel(parallel_options{
-            .timeout = options.timeout, .backend = options.process_group_backend, .launcher = options.launcher}),
+            .timeout = options.timeout,
+            .backend = options.process_group_backend,
+            .launcher = options.launcher,
+            .mpi_communicator = options.mpi_communicator}),
         options_(options) {}
 
   module_state setup_module(torch::nn::Module& module, bool move_to_device = true) {

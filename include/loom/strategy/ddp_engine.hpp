@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <memory>
 #include <vector>
 
@@ -40,6 +41,10 @@ struct ddp_options {
   std::chrono::milliseconds timeout = std::chrono::minutes(30);
   // How launch() starts the local ranks (Lightning's "ddp_fork" is ddp with fork).
   launcher_kind launcher = launcher_kind::subprocess;
+  // With process_group_backend mpi: the application's communicator, as
+  // MPI_Comm_c2f(comm) gives it (MPI_COMM_WORLD when empty). The Fabric's
+  // ranks are then the communicator's (a split trains on its own).
+  std::optional<std::int64_t> mpi_communicator;
 };
 
 namespace detail {

@@ -50,7 +50,8 @@ struct deepspeed : fsdp {
   explicit deepspeed(deepspeed_options options)
       : fsdp(fsdp_options{.timeout = options.timeout,
                           .process_group_backend = options.process_group_backend,
-                          .launcher = options.launcher}),
+                          .launcher = options.launcher,
+                          .mpi_communicator = options.mpi_communicator}),
         arguments_(std::move(options)) {}
 
   // The configuration is resolved once the world size is known (the batch

@@ -13,7 +13,9 @@
 #include <c10/core/Device.h>
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -23,6 +25,9 @@ struct parallel_options {
   std::chrono::milliseconds timeout = std::chrono::minutes(30);  // every wait, as torch's default
   comm::backend backend = comm::backend::gloo;
   launcher_kind launcher = launcher_kind::subprocess;  // how launch() starts the local ranks
+  // backend mpi: the application's communicator (MPI_Comm_c2f), whose ranks
+  // the Fabric takes; empty: MPI_COMM_WORLD and the launcher's ranks.
+  std::optional<std::int64_t> mpi_communicator;
 };
 
 namespace detail {

@@ -34,7 +34,10 @@ struct fsdp : parallel {
   fsdp() = default;
   explicit fsdp(fsdp_options options)
       : parallel(parallel_options{
-            .timeout = options.timeout, .backend = options.process_group_backend, .launcher = options.launcher}),
+            .timeout = options.timeout,
+            .backend = options.process_group_backend,
+            .launcher = options.launcher,
+            .mpi_communicator = options.mpi_communicator}),
         options_(std::move(options)) {}
 
   void setup_environment(const strategy_environment& environment) {

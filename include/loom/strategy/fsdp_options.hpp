@@ -117,6 +117,10 @@ struct fsdp_options {
   std::chrono::milliseconds timeout = std::chrono::minutes(30);
   comm::backend process_group_backend = comm::backend::gloo;
   launcher_kind launcher = launcher_kind::subprocess;
+  // With process_group_backend mpi: the application's communicator, as
+  // MPI_Comm_c2f(comm) gives it (MPI_COMM_WORLD when empty). The Fabric's
+  // ranks are then the communicator's (a split trains on its own).
+  std::optional<std::int64_t> mpi_communicator;
 };
 
 }  // namespace loom
