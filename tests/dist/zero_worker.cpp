@@ -32,6 +32,20 @@ using zero_fabric = loom::Fabric<loom::cpu, loom::deepspeed, loom::fp32>;
 
 loom::deepspeed stage(int s) { return loom::deepspeed(loom::deepspeed_options{.stage = s}); }
 
+// Stage 3 with the optimizer state (and, with parameters, the parameter
+// partitions) on NVMe under TEST_DIR/nvme, in sub-groups of 64 elements.
+loom::deepspeed_options nvme_options(bool parameters) {
+  return loom::deepspeed_options{.stage = 3,
+                                 .offload_optimizer = true,
+                                 .offload_parameters = parameters,
+                                 .offload_params_device = parameters ? "nvme" : "cpu",
+                                 .offload_optimizer_device = "nvme",
+                                 .nvme_path = test_dir() + "/nvme",
+                                 .block_size = 4096,
+                                 .queue_depth = 4,
+                                 .sub_group_size = 64};
+}
+
 void law_stages() {
   for (int s : {1, 2, 3}) {
     zero_fabric fabric({}, stage(s));
@@ -318,16 +332,8 @@ void law_nvme() {
     const auto [reference, none] = train(loom::deepspeed_options{.stage = 3}, false);
     for (bool params : {false, true}) {
       for (int buffers : {1, 2, 4}) {
-        loom::deepspeed_options options{.stage = 3,
-                                        .offload_optimizer = true,
-                                        .offload_parameters = params,
-                                        .offload_params_device = params ? "nvme" : "cpu",
-                                        .offload_optimizer_device = "nvme",
-                                        .nvme_path = directory,
-                                        .optimizer_buffer_count = buffers,
-                                        .block_size = 4096,
-                                        .queue_depth = 4,
-                                        .sub_group_size = 64};
+        loom::deepspeed_options options = nvme_options(params);
+        options.optimizer_buffer_count = buffers;
         const auto [result, file] = train(options, true);
         LAW_EXPECT(torch::equal(result, reference), "%s on NVMe%s with %d buffers differs from in memory by %.3g",
                    decoupled ? "AdamW" : "Adam", params ? " (and the parameters)" : "", buffers,
@@ -389,6 +395,7 @@ void law_nvme_bf16() {
 }
 
 bool exists(const std::string& path) { return std::ifstream(path).good(); }
+
 
 // Save/load is the identity, per stage: 5 steps, a save (over an older one),
 // 5 more (A); a fresh model and optimizer load the save and take the same 5
@@ -581,35 +588,9 @@ int main(int argc, char** argv) {
       for (int s : {1, 2, 3}) law_checkpoint(loom::deepspeed_options{.stage = s});
       for (int s : {1, 3}) law_checkpoint<loom::Fabric<loom::cpu, loom::deepspeed, loom::bf16_mixed>>(
           loom::deepspeed_options{.stage = s}, "_bf16");
-      law_checkpoint(loom::deepspeed_options{.stage = 3,
-                                             .offload_optimizer = true,
-                                             .offload_optimizer_device = "nvme",
-                                             .nvme_path = test_dir() + "/nvme",
-                                             .block_size = 4096,
-                                             .queue_depth = 4,
-                                             .sub_group_size = 64},
-                     "_nvme");
-      law_checkpoint(loom::deepspeed_options{.stage = 3,
-                                             .offload_optimizer = true,
-                                             .offload_parameters = true,
-                                             .offload_params_device = "nvme",
-                                             .offload_optimizer_device = "nvme",
-                                             .nvme_path = test_dir() + "/nvme",
-                                             .block_size = 4096,
-                                             .queue_depth = 4,
-                                             .sub_group_size = 64},
-                     "_nvme_params");
-      law_checkpoint<loom::Fabric<loom::cpu, loom::deepspeed, loom::bf16_mixed>>(
-          loom::deepspeed_options{.stage = 3,
-                                  .offload_optimizer = true,
-                                  .offload_parameters = true,
-                                  .offload_params_device = "nvme",
-                                  .offload_optimizer_device = "nvme",
-                                  .nvme_path = test_dir() + "/nvme",
-                                  .block_size = 4096,
-                                  .queue_depth = 4,
-                                  .sub_group_size = 64},
-          "_bf16_nvme");
+      law_checkpoint(nvme_options(/*parameters=*/false), "_nvme");
+      law_checkpoint(nvme_options(/*parameters=*/true), "_nvme_params");
+      law_checkpoint<loom::Fabric<loom::cpu, loom::deepspeed, loom::bf16_mixed>>(nvme_options(true), "_bf16_nvme");
       law_exclude_frozen();
     } else if (scenario == "reshard") {
       law_reshard();
