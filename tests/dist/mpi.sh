@@ -54,4 +54,34 @@ else
   sed 's/^/    /' "$work/split" | head -n 40
   failed=1
 fi
+# kill -9 of one rank while the others train on the MPI group: mpirun ends
+# the whole job (MPI's behaviour: its runtime sees the process die and
+# aborts the rest), with a non-zero status, within the bound.
+mpirun --allow-run-as-root --oversubscribe -n 2 "$laws" forever > "$work/forever" 2>&1 &
+job=$!
+for i in $(seq 1 200); do
+  [ "$(grep -c ' training$' "$work/forever")" -eq 2 ] && break
+  sleep 0.05
+done
+victim=$(sed -n 's/^rank 1 pid \([0-9]*\) training$/\1/p' "$work/forever")
+start=$(date +%s%N)
+if [ -n "$victim" ]; then kill -9 "$victim"; fi
+bound=30
+for i in $(seq 1 $((bound * 20))); do
+  kill -0 "$job" 2>/dev/null || break
+  sleep 0.05
+done
+kill -9 "$job" 2>/dev/null
+wait "$job"
+status=$?
+elapsed=$(( ($(date +%s%N) - start) / 1000000 ))
+left=$(pgrep -f "$laws forever" | tr '\n' ' ')
+if [ -n "$victim" ] && [ "$status" -ne 0 ] && [ "$elapsed" -lt $((bound * 1000)) ] && [ -z "$left" ]; then
+  echo "ok: kill -9 of rank 1 on the MPI group ends the job in $elapsed ms (mpirun exit $status), no process left"
+else
+  echo "FAIL: kill -9 of rank 1 (victim '$victim', exit $status after $elapsed ms, left: '$left'):"
+  sed 's/^/    /' "$work/forever" | head -n 20
+  pkill -9 -f "$laws forever" 2>/dev/null
+  failed=1
+fi
 exit $failed

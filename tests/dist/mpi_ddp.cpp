@@ -58,6 +58,18 @@ int main(int argc, char** argv) {
       MPI_Finalize();
       return status;
     }
+    if (which == "forever") {
+      // Trains until killed (mpi.sh's kill -9 test).
+      loom::Fabric<loom::cpu, loom::ddp, loom::fp32> fabric(
+          {}, loom::ddp(loom::ddp_options{.process_group_backend = loom::comm::backend::mpi}));
+      fabric.launch();
+      auto net = laws::make_plain();
+      torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-3));
+      auto [model, optimizer] = fabric.setup(net, adam);
+      std::printf("rank %d pid %d training\n", fabric.global_rank(), static_cast<int>(::getpid()));
+      std::fflush(stdout);
+      for (int step = 0;; ++step) laws::train_steps(fabric, model, optimizer, step % 100, step % 100 + 1);
+    }
     if (which == "fsdp") {
       loom::Fabric<loom::cpu, loom::fsdp, loom::fp32> fabric(
           {}, loom::fsdp(loom::fsdp_options{.process_group_backend = loom::comm::backend::mpi}));
