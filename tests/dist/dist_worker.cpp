@@ -463,8 +463,15 @@ int report(Fabric& fabric, const char* what) {
   return failures == 0 ? 0 : 1;
 }
 
+// LOOM_TEST_BACKEND=mpi: the collectives on loom's MPI group (tests/dist/mpi.sh).
+loom::comm::backend backend_from_env() {
+  const char* text = std::getenv("LOOM_TEST_BACKEND");
+  return text != nullptr && std::string(text) == "mpi" ? loom::comm::backend::mpi : loom::comm::backend::gloo;
+}
+
 int run_collectives() {
-  loom::Fabric<loom::cpu, loom::parallel> fabric({}, loom::parallel(loom::parallel_options{.timeout = timeout_from_env()}));
+  loom::Fabric<loom::cpu, loom::parallel> fabric(
+      {}, loom::parallel(loom::parallel_options{.timeout = timeout_from_env(), .backend = backend_from_env()}));
   fabric.launch();
   std::printf("rank %d/%d local %d node %d (%s environment)\n", fabric.global_rank(), fabric.world_size(),
               fabric.local_rank(), fabric.node_rank(), fabric.strategy().runtime().cluster().name.c_str());

@@ -1,6 +1,8 @@
 #!/bin/sh
 # loom's MPI process group (src/comm/mpi_backend.cpp) under mpirun on 2 and
-# 4 ranks: tests/dist/mpi_collectives.cpp. `mpi.sh --skip REASON` prints why
+# 4 ranks: tests/dist/mpi_collectives.cpp, loom's collectives (dist_worker),
+# DDP/FSDP laws, Fabrics on a split communicator, kill -9 (mpi_ddp).
+# `mpi.sh --skip REASON` prints why
 # the test does not run (a build without MPI) and passes.
 set -u
 if [ "${1:-}" = "--skip" ]; then
@@ -9,6 +11,7 @@ if [ "${1:-}" = "--skip" ]; then
 fi
 program=$(realpath "$1")
 laws=$(realpath "$2")
+collectives=$(realpath "$3")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 failed=0
@@ -22,6 +25,19 @@ for n in 2 4; do
   else
     echo "FAIL: MPI process group on $n ranks (exit $status):"
     sed 's/^/    /' "$work/out_$n" | head -n 40
+    failed=1
+  fi
+done
+# loom's collectives (dist_worker's suite, every check of tests/dist/collectives.sh) on the MPI group.
+for n in 2 4; do
+  timeout 120 mpirun --allow-run-as-root --oversubscribe -x LOOM_TEST_BACKEND=mpi -x MASTER_ADDR=192.0.2.1 \
+    -n "$n" "$collectives" collectives > "$work/collectives_$n" 2>&1
+  status=$?
+  if grep -q "collectives: world_size=$n all checks passed" "$work/collectives_$n" && [ "$status" -eq 0 ]; then
+    echo "ok: loom's collectives (all_reduce, gathers, broadcast_object, reduce_scatter, ...) on the MPI group, $n ranks"
+  else
+    echo "FAIL: loom's collectives on the MPI group, $n ranks (exit $status):"
+    sed 's/^/    /' "$work/collectives_$n" | head -n 40
     failed=1
   fi
 done
