@@ -63,6 +63,17 @@ bool runs_blocking(const at::Tensor& tensor) {
   return static_cast<long long>(tensor.numel() * tensor.element_size()) >= threshold;
 }
 
+// LOOM_MPI_SYNCHRONOUS=1: every operation completes in the calling thread
+// before the call returns (no asynchronous completion), to measure what the
+// progress thread's overlap is worth.
+bool synchronous_completion() {
+  static const bool on = [] {
+    const char* value = std::getenv("LOOM_MPI_SYNCHRONOUS");
+    return value != nullptr && std::string(value) == "1";
+  }();
+  return on;
+}
+
 // ---------------------------------------------------------------- dtypes
 MPI_Datatype datatype_of(c10::ScalarType type) {
   switch (type) {
@@ -259,6 +270,28 @@ c10::intrusive_ptr<c10d::Work> mpi_backend::enqueue(c10d::OpType type, const cha
                                                     std::vector<at::Tensor> outputs) {
   if (type != c10d::OpType::SEND && type != c10d::OpType::RECV && type != c10d::OpType::RECVANYSOURCE) ++sequence_;
   auto done = c10::make_intrusive<work>(getRank(), type, std::move(outputs));
+  if (synchronous_completion()) {
+    // For measurement only (bench/ddp_mpi_vs_gloo.sh): the operation runs to
+    // its end in the caller, so nothing overlaps it. A receive waited before
+    // its matching send is issued deadlocks in this mode.
+    std::exception_ptr error;
+    try {
+      MPI_Request request = start();
+      for (int flag = 0; !flag;) {
+        MPI_Status status{};
+        const int code = MPI_Test(&request, &flag, &status);
+        if (code != MPI_SUCCESS) fail(name, code);
+        if (flag) done->source = status.MPI_SOURCE;
+        else std::this_thread::yield();
+      }
+      if (finish) finish();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    ++completed_;
+    done->complete(error);
+    return done;
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back({name, std::move(start), std::move(finish), done});
