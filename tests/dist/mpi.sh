@@ -15,61 +15,48 @@ collectives=$(realpath "$3")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 failed=0
-# As root in a container: mpirun refuses root without the flag, and
-# --oversubscribe lets 4 ranks share 2 cores.
-for n in 2 4; do
-  timeout 120 mpirun --allow-run-as-root --oversubscribe -n "$n" "$program" > "$work/out_$n" 2>&1
-  status=$?
-  if grep -q "mpi collectives: world_size=$n all checks passed" "$work/out_$n" && [ "$status" -eq 0 ]; then
-    echo "ok: MPI process group on $n ranks (every collective, dtypes, reductions, in flight, point to point, a split communicator)"
-  else
-    echo "FAIL: MPI process group on $n ranks (exit $status):"
-    sed 's/^/    /' "$work/out_$n" | head -n 40
-    failed=1
-  fi
-done
-# loom's collectives (dist_worker's suite, every check of tests/dist/collectives.sh) on the MPI group.
-for n in 2 4; do
+# mpi_job RANKS EXPECTED COUNT WHAT -- PROGRAM ARGS...: runs PROGRAM under
+# mpirun (as root in a container mpirun needs the flag, and --oversubscribe
+# lets 4 ranks share 2 cores; MASTER_ADDR is unreachable TEST-NET-1, since the
+# MPI group meets through MPI, not a store) and passes when it exits 0 with
+# COUNT lines EXPECTED in its output.
+job=0
+mpi_job() {
+  n=$1 expected=$2 count=$3 what=$4
+  shift 5
+  job=$((job + 1))
+  out="$work/job_$job"
   timeout 120 mpirun --allow-run-as-root --oversubscribe -x LOOM_TEST_BACKEND=mpi -x MASTER_ADDR=192.0.2.1 \
-    -n "$n" "$collectives" collectives > "$work/collectives_$n" 2>&1
+    -x MASTER_PORT=9 -n "$n" "$@" > "$out" 2>&1
   status=$?
-  if grep -q "collectives: world_size=$n all checks passed" "$work/collectives_$n" && [ "$status" -eq 0 ]; then
-    echo "ok: loom's collectives (all_reduce, gathers, broadcast_object, reduce_scatter, ...) on the MPI group, $n ranks"
+  if [ "$(grep -c "$expected" "$out")" -eq "$count" ] && [ "$status" -eq 0 ]; then
+    echo "ok: $what"
+    sed -n 's/^law (mpi)/  law (mpi)/p' "$out"
   else
-    echo "FAIL: loom's collectives on the MPI group, $n ranks (exit $status):"
-    sed 's/^/    /' "$work/collectives_$n" | head -n 40
+    echo "FAIL: $what (exit $status):"
+    sed 's/^/    /' "$out" | head -n 40
     failed=1
   fi
-done
-# DDP and FSDP on the MPI group equal single_device.
-for strategy in ddp fsdp; do
-  for n in 2 4; do
-    # An unreachable MASTER_ADDR (TEST-NET-1): the MPI group meets through MPI, not a store.
-    timeout 120 mpirun --allow-run-as-root --oversubscribe -x MASTER_ADDR=192.0.2.1 -x MASTER_PORT=9 -n "$n" "$laws" "$strategy" > "$work/laws_$n" 2>&1
-    status=$?
-    if grep -q "mpi laws: world_size=$n all checks passed" "$work/laws_$n" && [ "$status" -eq 0 ]; then
-      echo "ok: $strategy on the MPI group, $n ranks, equals single_device"
-      sed -n 's/^law (mpi)/  law (mpi)/p' "$work/laws_$n"
-    else
-      echo "FAIL: $strategy on the MPI group, $n ranks (exit $status):"
-      sed 's/^/    /' "$work/laws_$n" | head -n 40
-      failed=1
-    fi
+}
+for n in 2 4; do
+  mpi_job "$n" "mpi collectives: world_size=$n all checks passed" 1 \
+    "MPI process group on $n ranks (every collective, dtypes, reductions, in flight, point to point, a split communicator)" \
+    -- "$program"
+  # loom's collectives (dist_worker's suite, the checks of tests/dist/collectives.sh) on the MPI group.
+  mpi_job "$n" "collectives: world_size=$n all checks passed" 1 \
+    "loom's collectives (all_reduce, gathers, broadcast_object, reduce_scatter, ...) on the MPI group, $n ranks" \
+    -- "$collectives" collectives
+  # DDP and FSDP on the MPI group equal single_device.
+  for strategy in ddp fsdp; do
+    mpi_job "$n" "mpi laws: world_size=$n all checks passed" 1 "$strategy on the MPI group, $n ranks, equals single_device" \
+      -- "$laws" "$strategy"
   done
 done
 # A Fabric on the application's communicator: two halves of a 4-rank job
 # (split by parity) train independently, each equal to single_device.
-timeout 120 mpirun --allow-run-as-root --oversubscribe -x MASTER_ADDR=192.0.2.1 -x MASTER_PORT=9 -n 4 "$laws" split \
-  > "$work/split" 2>&1
-status=$?
-if [ "$(grep -c "mpi laws: world_size=2 all checks passed" "$work/split")" -eq 2 ] && [ "$status" -eq 0 ]; then
-  echo "ok: two Fabrics on the halves of a split MPI_COMM_WORLD (4 ranks) train independently, each equal to single_device"
-  sed -n 's/^law (mpi)/  law (mpi)/p' "$work/split"
-else
-  echo "FAIL: Fabrics on a split communicator (exit $status):"
-  sed 's/^/    /' "$work/split" | head -n 40
-  failed=1
-fi
+mpi_job 4 "mpi laws: world_size=2 all checks passed" 2 \
+  "two Fabrics on the halves of a split MPI_COMM_WORLD (4 ranks) train independently, each equal to single_device" \
+  -- "$laws" split
 # kill -9 of one rank while the others train on the MPI group: mpirun ends
 # the whole job (MPI's behaviour: its runtime sees the process die and
 # aborts the rest), with a non-zero status, within the bound.
