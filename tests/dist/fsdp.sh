@@ -42,26 +42,7 @@ cat "$WORK"/damaged_*.txt | sed "s/^/  /"
 
 # kill -9 of a rank while it saves sharded checkpoints in a loop: what the
 # path holds afterwards is a complete checkpoint (the old or the new one).
-interrupted=0
-for trial in $(seq 1 "${LOOM_KILL_TRIALS:-3}"); do
-  rm -rf "$WORK/killed" "$WORK"/killed.tmp-*
-  "$LOOM_RUN" --strategy fsdp --devices 2 "$FSDP_WORKER" save_forever 2 "$MARK" > "$WORK/save_$trial" 2>&1 &
-  launcher=$!
-  for i in $(seq 1 100); do
-    [ -d "$WORK/killed" ] && [ "$(grep -c saving "$WORK/save_$trial")" -eq 2 ] && break
-    sleep 0.05
-  done
-  sleep "0.$(( (trial * 37) % 10 ))"
-  victim=$(sed -n 's/^rank 1 pid \([0-9]*\) saving/\1/p' "$WORK/save_$trial")
-  kill -9 "$victim"
-  wait $launcher
-  # A staging directory left behind means the kill landed inside a save.
-  ls -d "$WORK"/killed.tmp-* > /dev/null 2>&1 && interrupted=$((interrupted + 1))
-  "$FSDP_WORKER" load_check "$WORK/killed" "$MARK" > "$WORK/check_$trial" 2>&1 ||
-    { fail "trial $trial: the checkpoint left after kill -9 does not load"; cat "$WORK/check_$trial"; }
-done
-expect_contains "$WORK/check_${LOOM_KILL_TRIALS:-3}" "loads (step" \
-  "kill -9 during sharded saves (${LOOM_KILL_TRIALS:-3} trials, $interrupted inside a save): the checkpoint at the path loads every time"
+kill_during_saves fsdp "$FSDP_WORKER" "$WORK/killed" "$WORK/killed.tmp-*" "sharded saves"
 cat "$WORK/compare"
 
 timeout 200 "$LOOM_RUN" --strategy fsdp --devices 4 "$FSDP_WORKER" laws_short 4 "$MARK" > "$WORK/laws_4" 2>&1 ||
