@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -189,6 +190,12 @@ int main(int argc, char** argv) {
     ::setenv(loom::cluster::rendezvous_dir_variable, rendezvous_dir.c_str(), 1);
   }
 
+  // The collective watchdog of a rank that ends the job writes its message
+  // here, so the launcher's summary can say why.
+  const std::string report_dir = loom::launch::make_private_directory();
+  const std::string report_path = report_dir + "/watchdog-report";
+  ::setenv("LOOM_WATCHDOG_REPORT", report_path.c_str(), 1);
+
   struct sigaction action {};
   action.sa_handler = forward_signal;
   sigemptyset(&action.sa_mask);
@@ -207,6 +214,7 @@ int main(int argc, char** argv) {
       std::cerr << "loom-run: " << error.what() << '\n';
       job.terminate_all();
       if (!rendezvous_dir.empty()) loom::launch::remove_directory(rendezvous_dir);
+      loom::launch::remove_directory(report_dir);
       return 2;
     }
     const loom::launch::job_outcome outcome = job.wait_all();
@@ -214,8 +222,13 @@ int main(int argc, char** argv) {
       std::cerr << "loom-run: " << outcome.description << " (global rank "
                 << args.node_rank * processes + *outcome.failed_rank << "); the other ranks were ended\n";
       status = outcome.exit_code;
+      std::ifstream report(report_path);
+      if (std::string first; std::getline(report, first) && !first.empty()) {
+        std::cerr << "loom-run: the collective watchdog ended the job: " << first << '\n';
+      }
     }
   }
   if (!rendezvous_dir.empty()) loom::launch::remove_directory(rendezvous_dir);
+  loom::launch::remove_directory(report_dir);
   return status;
 }

@@ -6,6 +6,7 @@
 #include <loom/checkpoint/io.hpp>
 #include <loom/checkpoint/state.hpp>
 #include <loom/cluster/launcher_agreement.hpp>
+#include <loom/comm/process_group.hpp>
 #include <loom/compatibility.hpp>
 #include <loom/concepts.hpp>
 #include <loom/errors.hpp>
@@ -150,11 +151,15 @@ class static_backend {
   bool reduce_boolean_decision(bool decision, bool all) { return strategy_.reduce_boolean_decision(decision, all); }
 
   // The strategy decides who writes what; under 16-mixed the scaler's state
-  // is added as "precision".
+  // is added as "precision". Ranks wait on one another's files here (rank
+  // 0 alone writes a full save): the collective watchdog stands down, and
+  // the group's own timeout bounds the waits.
   void save(const std::string& path, const state& checkpoint, const state_filter& filter) {
+    const comm::watchdog_pause paused;
     strategy_.save_checkpoint(path, with_precision(checkpoint), filter, metadata());
   }
   state load(const std::string& path, const state& checkpoint, bool strict) {
+    const comm::watchdog_pause paused;
     return strategy_.load_checkpoint(path, with_precision(checkpoint), strict);
   }
 

@@ -161,7 +161,7 @@ void post_all_gather(process_group_state& state, work_slot& slot, const at::Tens
     outputs.clear();
     return;
   }
-  state.emulated_collectives.fetch_add(1, std::memory_order_relaxed);
+  record_emulated(state, collective_kind::all_gather, flat_in);
   const at::Tensor wire_in = on_wire(state, flat_in);
   for (int step = 1; step < state.size; ++step) {
     const int peer = (state.rank + step) % state.size;
@@ -194,7 +194,7 @@ void post_reduce_scatter(process_group_state& state, work_slot& slot, std::size_
     // Two ranks: the peer's chunk arrives in out itself, and own is added to
     // it (a + b == b + a exactly): no buffer of the chunk's size is needed.
     slot.reductions.push_back({flat_out, own, -1, op});
-    state.emulated_collectives.fetch_add(1, std::memory_order_relaxed);
+    record_emulated(state, collective_kind::reduce_scatter, flat_out);
     const int peer = 1 - state.rank;
     slot.arguments[0] = flat_in.narrow(0, n * peer, n);
     slot.pending.push_back(state.backend->send(slot.arguments, peer, reduce_scatter_tag));
@@ -214,7 +214,7 @@ void post_reduce_scatter(process_group_state& state, work_slot& slot, std::size_
     slot.pending.push_back(state.backend->alltoall_base(output, input, equal_splits, equal_splits, options));
     return;
   }
-  state.emulated_collectives.fetch_add(1, std::memory_order_relaxed);
+  record_emulated(state, collective_kind::reduce_scatter, flat_out);
   for (int step = 1; step < state.size; ++step) {
     const int peer = (state.rank + step) % state.size;
     slot.arguments[0] = on_wire(state, flat_in.narrow(0, n * peer, n));

@@ -2,6 +2,8 @@
 // Gloo devices, collectives that Gloo lacks (mean, reduce_scatter, uneven
 // all_gather), and the translation of failures into loom::peer_error.
 #include "process_group_state.hpp"
+#include "recording_backend.hpp"
+#include "watchdog_exchanges.hpp"
 
 #include <loom/comm/process_group.hpp>
 #include <loom/compat_c10d.hpp>
@@ -197,7 +199,7 @@ c10::intrusive_ptr<compat::c10d_backend> make_backend(const c10::intrusive_ptr<c
                                  : MPI_COMM_WORLD;
       group = mpi_backend::create(world, options.timeout);
     } else {
-      auto* above = dynamic_cast<mpi_backend*>(parent->backend.get());
+      auto* above = dynamic_cast<mpi_backend*>(parent->inner.get());
       if (above == nullptr) throw std::logic_error("an mpi sub-group of a group that is not mpi's");
       group = mpi_backend::create_subgroup(*above, members, options.timeout);
     }
@@ -238,6 +240,34 @@ c10::intrusive_ptr<compat::c10d_backend> make_backend(const c10::intrusive_ptr<c
 
 std::string to_string(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
 
+// The group's collectives go through a recorder, and the watchdog watches
+// them, unless collective_timeout is 0.
+void install_backend(process_group_state& state, c10::intrusive_ptr<compat::c10d_backend> inner) {
+  state.inner = inner;
+  state.backend = inner;
+  const auto timeout = effective_collective_timeout(state.options.collective_timeout);
+  if (timeout.count() <= 0) return;
+  auto watched = std::make_shared<group_watch>();
+  watched->recorder = std::make_shared<collective_recorder>();
+  watched->timeout = timeout;
+  watched->group_name = state.group_name;
+  watched->rank = state.rank;
+  watched->size = state.size;
+  watched->global_ranks = state.global_ranks;
+  if (state.store) {
+    watched->exchange = store_exchange(state.store, state.root_store, state.rank);
+  } else {
+#if defined(LOOM_WITH_MPI)
+    watched->exchange = mpi_exchange(dynamic_cast<const mpi_backend&>(*inner));
+#else
+    return;
+#endif
+  }
+  state.backend = c10::make_intrusive<recording_backend>(inner, watched->recorder);
+  state.watch = watched;
+  watch(state.watch);
+}
+
 std::shared_ptr<process_group_state> build(c10::intrusive_ptr<c10d::Store> root, const std::string& name, int rank,
                                            int size, std::vector<int> global_ranks, const group_options& options,
                                            const rendezvous& where, const process_group_state* parent = nullptr,
@@ -256,7 +286,7 @@ std::shared_ptr<process_group_state> build(c10::intrusive_ptr<c10d::Store> root,
   const std::string identity = hostname() + " " + std::to_string(::getpid());
   if (!root) {
     // The MPI group: no store. The identities travel through MPI itself.
-    state->backend = make_backend({}, rank, size, options, parent, members);
+    install_backend(*state, make_backend({}, rank, size, options, parent, members));
     constexpr std::int64_t width = 256;
     at::Tensor mine = at::zeros({width}, at::kByte);
     std::memcpy(mine.data_ptr(), identity.data(), std::min<std::size_t>(identity.size(), width - 1));
@@ -274,7 +304,7 @@ std::shared_ptr<process_group_state> build(c10::intrusive_ptr<c10d::Store> root,
   auto store = c10::make_intrusive<c10d::PrefixStore>("loom/" + name + "/", root);
   store->set("peer/" + std::to_string(rank), std::vector<uint8_t>(identity.begin(), identity.end()));
   state->store = store;
-  state->backend = make_backend(store, rank, size, options, parent, members);
+  install_backend(*state, make_backend(store, rank, size, options, parent, members));
   // Sequence numbers count the collectives issued on the group (for tests
   // and for the DDP engine's all-reduce count); agreeing on the start is a
   // store exchange, done once here.
@@ -308,6 +338,14 @@ void check_mean_dtype(const at::Tensor& tensor, reduce_op op) {
 
 peer_error failed(process_group_state& state, const char* operation, const std::exception& error) {
   std::string message = diagnose(state, operation, error_text(error));
+  // A mismatch can make Gloo fail rather than hang: the same sentence as the
+  // watchdog's then leads. Peers that have exited will not report; do not
+  // wait for them.
+  if (state.watch) {
+    const bool peer_gone = message.find(" exited") != std::string::npos;
+    const auto patience = peer_gone ? std::chrono::milliseconds(0) : std::chrono::milliseconds(2000);
+    if (auto desync = explain_desync(*state.watch, patience)) message = *desync + ". " + message;
+  }
   std::lock_guard<std::mutex> lock(state.broken_mutex);
   if (state.broken.empty()) state.broken = message;
   state.is_broken.store(true, std::memory_order_release);
@@ -326,6 +364,17 @@ std::uint64_t process_group::collectives_issued() const {
   if (!state_) return 0;
   return state_->backend->getSequenceNumberForGroup() - state_->first_sequence_number +
          state_->emulated_collectives.load(std::memory_order_relaxed);
+}
+
+std::uint64_t process_group::collectives_recorded() const {
+  return state_ && state_->watch ? state_->watch->recorder->entered() : 0;
+}
+
+std::vector<std::string> process_group::recent_collectives(std::size_t count) const {
+  std::vector<std::string> described;
+  if (!state_ || !state_->watch) return described;
+  for (const auto& entry : state_->watch->recorder->recent(count)) described.push_back(entry.describe());
+  return described;
 }
 
 comm::emulation process_group::emulation() const noexcept {

@@ -2,6 +2,9 @@
 // sources that talk to c10d directly (the DDP engine). Not installed.
 #pragma once
 
+#include "collective_recorder.hpp"
+#include "watchdog.hpp"
+
 #include <loom/comm/process_group.hpp>
 #include <loom/compat_c10d.hpp>
 #include <loom/errors.hpp>
@@ -52,7 +55,9 @@ struct work_slot {
 struct process_group_state {
   c10::intrusive_ptr<c10d::Store> root_store;  // shared by the world group and its sub-groups
   c10::intrusive_ptr<c10d::Store> store;  // this group's (prefixed) store
-  c10::intrusive_ptr<compat::c10d_backend> backend;
+  c10::intrusive_ptr<compat::c10d_backend> backend;  // what collectives go through (the recorder, when watched)
+  c10::intrusive_ptr<compat::c10d_backend> inner;    // the real group underneath
+  std::shared_ptr<group_watch> watch;                // null: watchdog off
   c10::intrusive_ptr<c10d::ProcessGroup> native;  // made on first use
   int rank = 0;
   int size = 1;
@@ -75,6 +80,13 @@ struct process_group_state {
   std::vector<std::unique_ptr<work_slot>> slots;
   std::vector<work_slot*> free_slots;
 };
+
+// A collective loom builds from point-to-point messages: counted, and
+// recorded for the watchdog as the collective it is.
+inline void record_emulated(process_group_state& state, collective_kind kind, const at::Tensor& tensor) {
+  state.emulated_collectives.fetch_add(1, std::memory_order_relaxed);
+  if (state.watch) state.watch->recorder->record(kind, &tensor);
+}
 
 // Whether Gloo moves and reduces dtype natively.
 bool gloo_supports(c10::ScalarType dtype);

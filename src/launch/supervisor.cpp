@@ -100,6 +100,16 @@ pid_t supervisor::start(int local_rank, const std::vector<std::string>& argv, co
   return pid;
 }
 
+namespace {
+// Whether pid is stopped by a signal ('T') or traced ('t'), from /proc.
+bool is_stopped(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto close = text.rfind(')');
+  return close != std::string::npos && close + 2 < text.size() && (text[close + 2] == 'T' || text[close + 2] == 't');
+}
+}  // namespace
+
 bool supervisor::running() const {
   for (std::size_t i = 0; i < children_.size(); ++i) {
     if (!reaped_[i]) return true;
@@ -119,6 +129,14 @@ void supervisor::signal_all(int signal) {
 
 void supervisor::terminate_all() {
   signal_all(SIGTERM);
+  // A stopped rank (kill -STOP, a debugger, the watchdog's "stuck" case)
+  // keeps SIGTERM pending and would only go at the end of the grace period:
+  // it gets SIGKILL now.
+  for (std::size_t i = 0; i < children_.size(); ++i) {
+    if (reaped_[i] || !is_stopped(children_[i].pid)) continue;
+    if (::getpgid(children_[i].pid) == children_[i].pid) ::kill(-children_[i].pid, SIGKILL);
+    else ::kill(children_[i].pid, SIGKILL);
+  }
   const auto deadline = std::chrono::steady_clock::now() + grace_;
   while (running()) {
     for (std::size_t i = 0; i < children_.size(); ++i) {

@@ -20,7 +20,9 @@ using runtime::preset;
 #include "builtin_families.def"
 #undef LOOM_BUILTIN_FAMILY
 
-// The options every parallel strategy reads (timeout in seconds, process_group_backend).
-void read_parallel_options(option_reader& reader, std::chrono::milliseconds& timeout, comm::backend& backend);
+// The options every parallel strategy reads (timeout and collective_timeout
+// in seconds, process_group_backend).
+void read_parallel_options(option_reader& reader, std::chrono::milliseconds& timeout, comm::backend& backend,
+                           std::chrono::milliseconds& collective_timeout);
 
 }  // namespace loom::runtime::builtin

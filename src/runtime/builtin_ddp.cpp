@@ -7,7 +7,7 @@ namespace loom::runtime::builtin {
 namespace {
 // ddp_options under Lightning's DDPStrategy argument names, over a preset's defaults.
 ddp make_ddp(option_reader& reader, ddp_options options) {
-  read_parallel_options(reader, options.timeout, options.process_group_backend);
+  read_parallel_options(reader, options.timeout, options.process_group_backend, options.collective_timeout);
   reader.read("find_unused_parameters", options.find_unused_parameters);
   reader.read("broadcast_buffers", options.broadcast_buffers);
   reader.read("bucket_cap_mb", options.bucket_cap_mb, 0.0, 1e6);

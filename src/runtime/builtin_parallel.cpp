@@ -5,12 +5,19 @@
 namespace loom::runtime::builtin {
 
 namespace {
+void read_seconds(option_reader& reader, const char* name, std::chrono::milliseconds& value) {
+  double seconds = std::chrono::duration<double>(value).count();
+  reader.read(name, seconds, 0.0, 1e9);
+  value = std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
+}
+
 // The options every parallel strategy takes: timeout (seconds, as Lightning's
-// timedelta) and process_group_backend.
-void read_common(option_reader& reader, std::chrono::milliseconds& timeout, comm::backend& backend) {
-  double seconds = std::chrono::duration<double>(timeout).count();
-  reader.read("timeout", seconds, 0.0, 1e9);
-  timeout = std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
+// timedelta), the watchdog's collective_timeout (seconds, 0: off) and
+// process_group_backend.
+void read_common(option_reader& reader, std::chrono::milliseconds& timeout, comm::backend& backend,
+                 std::chrono::milliseconds& collective_timeout) {
+  read_seconds(reader, "timeout", timeout);
+  read_seconds(reader, "collective_timeout", collective_timeout);
   std::string backend_name = backend == comm::backend::nccl ? "nccl" : backend == comm::backend::mpi ? "mpi" : "gloo";
   reader.read("process_group_backend", backend_name, {"gloo", "nccl", "mpi"});
   backend = backend_name == "nccl"  ? comm::backend::nccl
@@ -20,13 +27,14 @@ void read_common(option_reader& reader, std::chrono::milliseconds& timeout, comm
 
 parallel make_parallel(option_reader& reader, launcher_kind launcher) {
   parallel_options options{.launcher = launcher};
-  read_common(reader, options.timeout, options.backend);
+  read_common(reader, options.timeout, options.backend, options.collective_timeout);
   return parallel(options);
 }
 }  // namespace
 
-void read_parallel_options(option_reader& reader, std::chrono::milliseconds& timeout, comm::backend& backend) {
-  read_common(reader, timeout, backend);
+void read_parallel_options(option_reader& reader, std::chrono::milliseconds& timeout, comm::backend& backend,
+                           std::chrono::milliseconds& collective_timeout) {
+  read_common(reader, timeout, backend, collective_timeout);
 }
 
 std::vector<std::vector<registry_entry>> parallel_entries() {

@@ -186,6 +186,8 @@ std::uint64_t ddp_engine::collectives_issued() const {
   return impl_->group.collectives_issued() + impl_->exchanges.load(std::memory_order_relaxed);
 }
 
+std::uint64_t ddp_engine::collectives_recorded() const { return impl_->group.collectives_recorded(); }
+
 bool ddp_engine::needs_static_graph_sink() const noexcept {
   const auto& self = *impl_;
   return !self.local && self.options.static_graph && self.iterations == 1 && self.sync && at::GradMode::is_enabled();

@@ -61,6 +61,8 @@ void pairwise_exchange_hook::run() {
       if (!incoming_.defined() || incoming_.numel() < buffer.numel() || incoming_.scalar_type() != buffer.scalar_type()) {
         incoming_ = at::empty({buffer.numel()}, buffer.options());
       }
+      // A two-rank all-reduce built from send/recv: the watchdog sees it as one.
+      if (group_->watch) group_->watch->recorder->record(comm::collective_kind::all_reduce, &buffer);
       std::vector<at::Tensor> outgoing{buffer};
       std::vector<at::Tensor> received{incoming_.narrow(0, 0, buffer.numel())};
       try {

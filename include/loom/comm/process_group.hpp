@@ -42,6 +42,23 @@ struct group_options {
   // backend mpi: the communicator to duplicate (MPI_Comm_c2f's handle);
   // empty: MPI_COMM_WORLD.
   std::optional<std::int64_t> mpi_communicator;
+  // The watchdog: a rank that has waited this long in a collective that some
+  // rank has not entered ends the job with a message naming that rank (or
+  // both ops, when ranks entered different collectives). Far below timeout,
+  // which bounds every wait regardless. 0 turns it off; the environment
+  // variable LOOM_COLLECTIVE_TIMEOUT (seconds) overrides it.
+  std::chrono::milliseconds collective_timeout = std::chrono::seconds(300);
+};
+
+// While one lives, this process's collective watchdog raises no alarm: for
+// loom's phases in which one rank works alone while the others wait (a full
+// save, consolidation); they use the group's own timeout. Nests.
+class watchdog_pause {
+ public:
+  watchdog_pause();
+  ~watchdog_pause();
+  watchdog_pause(const watchdog_pause&) = delete;
+  watchdog_pause& operator=(const watchdog_pause&) = delete;
 };
 
 struct process_group_state;
@@ -112,6 +129,12 @@ class process_group {
   // Collectives this process has issued on the group since it formed
   // (c10d's sequence number): what tests count.
   std::uint64_t collectives_issued() const;
+  // What the watchdog recorded: the collectives entered on this group
+  // (through loom, DDP's Reducer or the sharding engine), and the last
+  // `count` of them described ("all_reduce(float[1024])"), oldest first.
+  // 0 and empty when the watchdog is off.
+  std::uint64_t collectives_recorded() const;
+  std::vector<std::string> recent_collectives(std::size_t count) const;
 
   // A sub-group of `ranks` (global ranks of this group). Every rank of this
   // group must call it, in the same order; non-members get an invalid group.

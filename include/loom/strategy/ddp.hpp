@@ -33,7 +33,8 @@ struct ddp : parallel {
             .timeout = options.timeout,
             .backend = options.process_group_backend,
             .launcher = options.launcher,
-            .mpi_communicator = options.mpi_communicator}),
+            .mpi_communicator = options.mpi_communicator,
+            .collective_timeout = options.collective_timeout}),
         options_(options) {}
 
   module_state setup_module(torch::nn::Module& module, bool move_to_device = true) {
@@ -52,6 +53,15 @@ struct ddp : parallel {
     std::uint64_t total = 0;
     for (const auto& weak : engines_) {
       if (auto engine = weak.lock()) total += engine->collectives_issued();
+    }
+    return total;
+  }
+  // The same collectives as the watchdog's recorder saw them (what proves
+  // that the Reducer's all-reduces go through it).
+  std::uint64_t gradient_collectives_recorded() const {
+    std::uint64_t total = 0;
+    for (const auto& weak : engines_) {
+      if (auto engine = weak.lock()) total += engine->collectives_recorded();
     }
     return total;
   }

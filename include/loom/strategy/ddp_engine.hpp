@@ -45,6 +45,9 @@ struct ddp_options {
   // MPI_Comm_c2f(comm) gives it (MPI_COMM_WORLD when empty). The Fabric's
   // ranks are then the communicator's (a split trains on its own).
   std::optional<std::int64_t> mpi_communicator;
+  // The watchdog's limit on waiting for a rank that has not entered a
+  // collective (comm::group_options::collective_timeout); 0: off.
+  std::chrono::milliseconds collective_timeout = std::chrono::seconds(300);
 };
 
 namespace detail {
@@ -78,6 +81,9 @@ class ddp_engine {
   // since it formed: one per bucket per synced backward (and, once, the
   // broadcast of the rebuilt bucket order).
   std::uint64_t collectives_issued() const;
+  // The same, as the collective watchdog's recorder saw them go through the
+  // c10d group (0 with the watchdog off).
+  std::uint64_t collectives_recorded() const;
   const ddp_options& options() const noexcept;
 
  private:

@@ -51,7 +51,8 @@ struct deepspeed : fsdp {
       : fsdp(fsdp_options{.timeout = options.timeout,
                           .process_group_backend = options.process_group_backend,
                           .launcher = options.launcher,
-                          .mpi_communicator = options.mpi_communicator}),
+                          .mpi_communicator = options.mpi_communicator,
+            .collective_timeout = options.collective_timeout}),
         arguments_(std::move(options)) {}
 
   // The configuration is resolved once the world size is known (the batch

@@ -70,6 +70,9 @@ struct deepspeed_options {
   // MPI_Comm_c2f(comm) gives it (MPI_COMM_WORLD when empty). The Fabric's
   // ranks are then the communicator's (a split trains on its own).
   std::optional<std::int64_t> mpi_communicator;
+  // The watchdog's limit on waiting for a rank that has not entered a
+  // collective (comm::group_options::collective_timeout); 0: off.
+  std::chrono::milliseconds collective_timeout = std::chrono::seconds(300);
 };
 
 }  // namespace loom

@@ -28,6 +28,9 @@ struct parallel_options {
   // backend mpi: the application's communicator (MPI_Comm_c2f), whose ranks
   // the Fabric takes; empty: MPI_COMM_WORLD and the launcher's ranks.
   std::optional<std::int64_t> mpi_communicator;
+  // The watchdog's limit on waiting for a rank that has not entered a
+  // collective (comm::group_options::collective_timeout); 0: off.
+  std::chrono::milliseconds collective_timeout = std::chrono::seconds(300);
 };
 
 namespace detail {

@@ -37,7 +37,8 @@ struct fsdp : parallel {
             .timeout = options.timeout,
             .backend = options.process_group_backend,
             .launcher = options.launcher,
-            .mpi_communicator = options.mpi_communicator}),
+            .mpi_communicator = options.mpi_communicator,
+            .collective_timeout = options.collective_timeout}),
         options_(std::move(options)) {}
 
   void setup_environment(const strategy_environment& environment) {

@@ -1,0 +1,107 @@
+// What a rank has entered, collective by collective: the watchdog's memory.
+// The hot path writes one slot of a fixed ring (an index taken with one
+// atomic add, a dozen relaxed stores, one clock read): no allocation, no lock,
+// nothing that waits. The watchdog thread reads the slots it needs through a
+// sequence guard (a slot being rewritten reads as missing, never torn).
+// Not installed.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace loom::comm {
+
+enum class collective_kind : std::uint8_t {
+  broadcast,
+  all_reduce,
+  all_reduce_coalesced,
+  reduce,
+  all_gather,
+  all_gather_coalesced,
+  gather,
+  scatter,
+  reduce_scatter,
+  all_to_all,
+  barrier,
+};
+
+const char* name_of(collective_kind kind) noexcept;
+
+// One collective as the ranks compare it: kind, dtype and shape. Shapes are
+// left out (rank == -1) where ranks legitimately differ (gather/scatter
+// roots, all_to_all splits).
+struct collective_entry {
+  static constexpr int max_rank = 6;
+  std::uint64_t sequence = 0;  // 0-based, per group, in the order this rank entered them
+  collective_kind kind = collective_kind::barrier;
+  std::int8_t dtype = -1;  // c10::ScalarType, -1: no tensor
+  std::int8_t rank = -1;   // number of dimensions compared; -1: shape not compared
+  std::array<std::int64_t, max_rank> shape{};
+  std::int64_t entered_ns = 0;  // steady clock
+
+  // "all_reduce(float[1024])"; "broadcast(long[2, 3])"; "barrier".
+  std::string describe() const;
+  // Same kind, dtype and (where compared) shape.
+  bool matches(const collective_entry& other) const noexcept;
+};
+
+class collective_recorder {
+ public:
+  static constexpr std::size_t capacity = 256;  // a power of two
+
+  // Called on entry to every collective of the group.
+  void record(collective_kind kind, const at::Tensor* tensor, bool compare_shape = true) noexcept {
+    const std::uint64_t sequence = entered_.fetch_add(1, std::memory_order_relaxed);
+    slot& s = ring_[sequence & (capacity - 1)];
+    s.words[0].store(invalid, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    std::uint64_t header = static_cast<std::uint64_t>(kind);
+    std::int64_t dims = -1;
+    if (tensor != nullptr && tensor->defined()) {
+      header |= static_cast<std::uint64_t>(static_cast<std::uint8_t>(tensor->scalar_type())) << 8;
+      if (compare_shape && tensor->dim() <= collective_entry::max_rank) {
+        dims = tensor->dim();
+        for (std::int64_t d = 0; d < dims; ++d) {
+          s.words[3 + d].store(static_cast<std::uint64_t>(tensor->size(d)), std::memory_order_relaxed);
+        }
+      }
+    } else {
+      header |= std::uint64_t{0xff} << 8;
+    }
+    header |= static_cast<std::uint64_t>(static_cast<std::uint8_t>(static_cast<std::int8_t>(dims))) << 16;
+    s.words[1].store(header, std::memory_order_relaxed);
+    s.words[2].store(static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()),
+                     std::memory_order_relaxed);
+    s.words[0].store(sequence, std::memory_order_release);
+  }
+
+  // Collectives entered so far.
+  std::uint64_t entered() const noexcept { return entered_.load(std::memory_order_acquire); }
+
+  // Entry `sequence`, if the ring still holds it whole.
+  std::optional<collective_entry> at(std::uint64_t sequence) const noexcept;
+  // The last `count` entries still held, oldest first.
+  std::vector<collective_entry> recent(std::size_t count) const;
+
+ private:
+  static constexpr std::uint64_t invalid = ~std::uint64_t{0};
+  // [0] sequence (the guard), [1] kind | dtype << 8 | rank << 16,
+  // [2] entry time, [3..8] shape.
+  struct alignas(64) slot {
+    std::array<std::atomic<std::uint64_t>, 3 + collective_entry::max_rank> words{};
+    slot() {
+      for (auto& word : words) word.store(invalid, std::memory_order_relaxed);
+    }
+  };
+  std::array<slot, capacity> ring_;
+  std::atomic<std::uint64_t> entered_{0};
+};
+
+}  // namespace loom::comm

@@ -1,0 +1,286 @@
+#include "watchdog.hpp"
+
+#include "watchdog_exchanges.hpp"
+
+#include <loom/comm/process_group.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iomanip>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+namespace loom::comm {
+
+namespace {
+
+constexpr std::size_t record_window = 8;  // entries each record carries
+std::atomic<int> pauses{0};
+
+std::int64_t steady_now_ns() { return std::chrono::steady_clock::now().time_since_epoch().count(); }
+
+// How often the thread looks: an eighth of the timeout, within [50 ms, 5 s].
+std::chrono::milliseconds period_of(std::chrono::milliseconds timeout) {
+  return std::clamp(timeout / 8, std::chrono::milliseconds(50), std::chrono::milliseconds(5000));
+}
+
+void write_stderr(const std::string& text) {
+  const std::string line = text + "\n";
+  std::size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t n = ::write(STDERR_FILENO, line.data() + done, line.size() - done);
+    if (n <= 0) break;
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+std::string seconds_text(std::int64_t ns) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(1) << static_cast<double>(ns) / 1e9 << " s";
+  return out.str();
+}
+
+std::string group_text(const group_watch& group) {
+  return "group '" + group.group_name + "' (" + std::to_string(group.size) + " ranks)";
+}
+
+int global_rank(const group_watch& group, int rank) { return group.global_ranks[static_cast<std::size_t>(rank)]; }
+
+// The first sequence number at which two windows disagree.
+std::optional<std::pair<collective_entry, collective_entry>> first_mismatch(
+    const std::vector<collective_entry>& mine, const std::vector<collective_entry>& theirs) {
+  for (const auto& a : mine) {
+    for (const auto& b : theirs) {
+      if (a.sequence == b.sequence && !a.matches(b)) return std::make_pair(a, b);
+    }
+  }
+  return std::nullopt;
+}
+
+std::string desync_sentence(const group_watch& group, int peer, const collective_entry& mine,
+                            const collective_entry& theirs) {
+  return "desynchronised collectives in " + group_text(group) + ": at collective #" + std::to_string(mine.sequence) +
+         " rank " + std::to_string(global_rank(group, group.rank)) + " entered " + mine.describe() + " and rank " +
+         std::to_string(global_rank(group, peer)) + " entered " + theirs.describe() +
+         " (every rank must issue the same collectives in the same order)";
+}
+
+class watchdog_thread {
+ public:
+  static watchdog_thread& instance() {
+    static watchdog_thread thread;
+    return thread;
+  }
+
+  void add(const std::shared_ptr<group_watch>& group) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    groups_.push_back(group);
+    period_ = std::min(period_, period_of(group->timeout));
+    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+    wake_.notify_one();
+  }
+
+  ~watchdog_thread() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stopping_) {
+      wake_.wait_for(lock, period_);
+      if (stopping_) break;
+      std::vector<std::shared_ptr<group_watch>> live;
+      groups_.erase(std::remove_if(groups_.begin(), groups_.end(),
+                                   [&](const std::weak_ptr<group_watch>& weak) {
+                                     auto group = weak.lock();
+                                     if (!group) return true;
+                                     live.push_back(std::move(group));
+                                     return false;
+                                   }),
+                    groups_.end());
+      lock.unlock();
+      for (const auto& group : live) {
+        try {
+          look_at(*group);
+        } catch (const std::exception& error) {
+          // The exchange failed (the store went away with rank 0): the
+          // group's own timeout still bounds every wait; say it once.
+          if (!warned_) write_stderr(std::string("loom watchdog: cannot compare records: ") + error.what());
+          warned_ = true;
+        }
+      }
+      live.clear();
+      lock.lock();
+    }
+  }
+
+  void look_at(group_watch& group) {
+    const bool paused = pauses.load(std::memory_order_relaxed) > 0;
+    const std::uint64_t entered = group.recorder->entered();
+    if (entered != group.published || paused != group.published_paused) {
+      group.exchange->publish(encode_record(group, paused));
+      group.published = entered;
+      group.published_paused = paused;
+    }
+    if (auto verdict = group.exchange->verdict()) end(group, "loom watchdog (rank " +
+                                                               std::to_string(global_rank(group, group.rank)) +
+                                                               "): " + *verdict, /*decided=*/false);
+    if (paused || entered == 0) return;
+    const auto last = group.recorder->at(entered - 1);
+    if (!last) return;
+    const std::int64_t waited = steady_now_ns() - last->entered_ns;
+    if (waited <= std::chrono::duration_cast<std::chrono::nanoseconds>(group.timeout).count()) return;
+
+    const auto mine = group.recorder->recent(record_window);
+    std::vector<std::string> behind;
+    for (int peer = 0; peer < group.size; ++peer) {
+      if (peer == group.rank) continue;
+      const auto text = group.exchange->record_of(peer);
+      const auto record = text ? decode_record(*text) : std::nullopt;
+      if (record) {
+        if (auto mismatch = first_mismatch(mine, record->entries)) {
+          decide(group, desync_sentence(group, peer, mismatch->first, mismatch->second));
+        }
+        if (record->entered >= entered || record->paused) continue;
+      }
+      std::string who = "rank " + std::to_string(global_rank(group, peer));
+      // Records are published once per period: what a stopped rank reported
+      // last may be up to a period old.
+      if (!record) {
+        who += " (it has reported nothing: it stopped before its watchdog first ran)";
+      } else if (record->entries.empty()) {
+        who += " (when it last reported, it had entered no collective of this group)";
+      } else {
+        who += " (when it last reported, it had last entered #" + std::to_string(record->entries.back().sequence) +
+               " " + record->entries.back().describe() + ")";
+      }
+      behind.push_back(who);
+    }
+    if (behind.empty()) return;  // everyone is in it: a long collective, not a stuck one
+    std::ostringstream message;
+    message << "rank " << global_rank(group, group.rank) << " has waited " << seconds_text(waited)
+            << " (collective_timeout " << seconds_text(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                         group.timeout).count())
+            << ") in collective #" << last->sequence << " " << last->describe() << " of " << group_text(group)
+            << ", which ";
+    for (std::size_t i = 0; i < behind.size(); ++i) message << (i ? ", " : "") << behind[i];
+    message << (behind.size() == 1 ? " has" : " have")
+            << " not entered: stuck, or slower than collective_timeout. Ending every rank (exit code "
+            << watchdog_exit_code << ").";
+    decide(group, message.str());
+  }
+
+  [[noreturn]] void decide(group_watch& group, const std::string& verdict) {
+    group.exchange->announce(verdict);
+    end(group, "loom watchdog: " + verdict, /*decided=*/true);
+  }
+
+  [[noreturn]] void end(group_watch& group, const std::string& message, bool decided) {
+    write_stderr(message);
+    if (const char* report = std::getenv("LOOM_WATCHDOG_REPORT"); report != nullptr && *report != '\0') {
+      std::ofstream(report, std::ios::app) << message << '\n';
+    }
+    // The decider leaves the others a couple of periods to read the verdict
+    // and end with the same message before its launcher tears the job down.
+    if (decided) std::this_thread::sleep_for(std::min(2 * period_ + std::chrono::milliseconds(100),
+                                                      std::chrono::milliseconds(3000)));
+    group.exchange->end_job(watchdog_exit_code);
+    std::_Exit(watchdog_exit_code);  // end_job does not return; the compiler cannot see through the virtual
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::vector<std::weak_ptr<group_watch>> groups_;
+  std::chrono::milliseconds period_{5000};
+  bool stopping_ = false;
+  bool warned_ = false;
+  std::thread thread_;
+};
+
+}  // namespace
+
+std::chrono::milliseconds effective_collective_timeout(std::chrono::milliseconds configured) {
+  if (const char* text = std::getenv("LOOM_COLLECTIVE_TIMEOUT"); text != nullptr && *text != '\0') {
+    char* end = nullptr;
+    const double seconds = std::strtod(text, &end);
+    if (end != text && seconds >= 0) return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
+  }
+  return configured;
+}
+
+void watch(const std::shared_ptr<group_watch>& group) { watchdog_thread::instance().add(group); }
+
+std::string encode_record(const group_watch& group, bool paused) {
+  std::ostringstream out;
+  out << "loom-watchdog-1 " << group.recorder->entered() << ' ' << (paused ? 1 : 0) << '\n';
+  for (const auto& entry : group.recorder->recent(record_window)) {
+    out << entry.sequence << ' ' << static_cast<int>(entry.kind) << ' ' << static_cast<int>(entry.dtype) << ' '
+        << static_cast<int>(entry.rank);
+    for (int d = 0; d < entry.rank; ++d) out << ' ' << entry.shape[static_cast<std::size_t>(d)];
+    out << '\n';
+  }
+  return out.str();
+}
+
+std::optional<peer_record> decode_record(const std::string& text) {
+  std::istringstream in(text);
+  std::string magic;
+  peer_record record;
+  int paused = 0;
+  if (!(in >> magic >> record.entered >> paused) || magic != "loom-watchdog-1") return std::nullopt;
+  record.paused = paused != 0;
+  collective_entry entry;
+  int kind = 0, dtype = 0, rank = 0;
+  while (in >> entry.sequence >> kind >> dtype >> rank) {
+    entry.kind = static_cast<collective_kind>(kind);
+    entry.dtype = static_cast<std::int8_t>(dtype);
+    entry.rank = static_cast<std::int8_t>(std::min(rank, collective_entry::max_rank));
+    for (int d = 0; d < rank; ++d) in >> entry.shape[static_cast<std::size_t>(std::min(d, collective_entry::max_rank - 1))];
+    record.entries.push_back(entry);
+  }
+  return record;
+}
+
+std::optional<std::string> explain_desync(group_watch& group, std::chrono::milliseconds patience) {
+  try {
+    group.exchange->publish(encode_record(group, pauses.load(std::memory_order_relaxed) > 0));
+    const auto mine = group.recorder->recent(record_window);
+    const auto deadline = std::chrono::steady_clock::now() + patience;
+    for (;;) {
+      bool waiting = false;
+      for (int peer = 0; peer < group.size; ++peer) {
+        if (peer == group.rank) continue;
+        const auto text = group.exchange->record_of(peer);
+        const auto record = text ? decode_record(*text) : std::nullopt;
+        if (record) {
+          if (auto mismatch = first_mismatch(mine, record->entries)) {
+            return desync_sentence(group, peer, mismatch->first, mismatch->second);
+          }
+        }
+        if (!record || record->entered < group.recorder->entered()) waiting = true;
+      }
+      if (!waiting || std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  } catch (const std::exception&) {
+    return std::nullopt;  // the exchange is gone too: the failure's own message stands
+  }
+}
+
+watchdog_pause::watchdog_pause() { pauses.fetch_add(1, std::memory_order_relaxed); }
+watchdog_pause::~watchdog_pause() { pauses.fetch_sub(1, std::memory_order_relaxed); }
+
+}  // namespace loom::comm

@@ -1,0 +1,151 @@
+#!/bin/sh
+# The collective watchdog (src/comm/watchdog.cpp), with real processes:
+# - DDP's Reducer all-reduces are recorded, one entry each (count);
+# - kill -STOP of a rank mid-training (alive but stuck) ends the job within
+#   collective_timeout (3 s) + 5 s with that rank named, under loom-run
+#   (LOOM_WATCHDOG_TRIALS trials, 3 ranks, the stopped one SIGKILLed),
+#   torchrun and mpirun (the MPI group: records over MPI, MPI_Abort);
+# - a rank that broadcasts where the other all-reduces is reported as a
+#   desync naming both ops;
+# - slow is not stuck: one rank sleeping 1.2 s before every step, so that
+#   the others wait >= 1 s in each, for LOOM_WATCHDOG_SLOW_SECONDS, raises
+#   no alarm.
+# Arguments: dist_worker (unused) loom-run watchdog_worker torchrun mpi|no-mpi
+. "$(dirname "$0")/common.sh"
+WATCHDOG=$(realpath "$3")
+TORCHRUN=$4
+WITH_MPI=$5
+TRIALS=${LOOM_WATCHDOG_TRIALS:-3}
+SLOW_SECONDS=${LOOM_WATCHDOG_SLOW_SECONDS:-60}
+export LOOM_TEST_COLLECTIVE_S=3
+BOUND_MS=8000  # collective_timeout + 5 s
+
+"$LOOM_RUN" --devices 2 "$WATCHDOG" count "$MARK" > "$WORK/count" 2>&1 ||
+  fail "count: exit $?"
+expect_contains "$WORK/count" "watchdog count: world_size=2 all checks passed" \
+  "DDP's Reducer all-reduces (and the pairwise exchange) are recorded one entry each, and the user's collectives"
+sed -n 's/^watchdog count: pairwise/  pairwise/p' "$WORK/count"
+
+# wait_started FILE N: until N ranks printed "training" (10 s at most).
+wait_started() {
+  for i in $(seq 1 200); do
+    [ "$(grep -c ' training$' "$1")" -ge "$2" ] && return 0
+    sleep 0.05
+  done
+  return 1
+}
+
+# wait_bounded PID MS: waits for PID (a child of this shell) at most MS
+# milliseconds longer than the bound; sets status and elapsed (since $start).
+wait_bounded() {
+  for i in $(seq 1 $(( ($2 + 5000) / 50 ))); do
+    kill -0 "$1" 2>/dev/null || break
+    sleep 0.05
+  done
+  kill -9 "$1" 2>/dev/null
+  wait "$1"
+  status=$?
+  elapsed=$(elapsed_ms "$start")
+}
+
+# stopped_rank_check WHAT OUT VICTIM LIVE BOUND_MS: the job ended non-zero
+# within the bound, LIVE ranks printed a message naming rank 1, the victim
+# is gone.
+stopped_rank_check() {
+  named=$(grep -c "^loom watchdog.* rank 1 (" "$2")
+  # mpirun returns while its runtime is still killing the ranks.
+  for i in $(seq 1 60); do kill -0 "$3" 2>/dev/null || break; sleep 0.05; done
+  if [ "$status" -ne 0 ] && [ "$elapsed" -lt "$5" ] && [ "$named" -ge "$4" ] && ! kill -0 "$3" 2>/dev/null; then
+    pass "$1: the job ended in $elapsed ms (exit $status), $named ranks printed the message naming rank 1"
+  else
+    fail "$1: exit $status after $elapsed ms, $named messages naming rank 1, victim $3 $(kill -0 "$3" 2>/dev/null && echo alive || echo gone):"
+    sed 's/^/    /' "$2" | head -n 30
+    kill -9 "$3" 2>/dev/null
+  fi
+}
+
+# Under loom-run, 3 ranks: rank 1 is stopped at a different moment each trial.
+for trial in $(seq 1 "$TRIALS"); do
+  out="$WORK/stuck_$trial"
+  "$LOOM_RUN" --devices 3 "$WATCHDOG" train "$MARK" > "$out" 2>&1 &
+  launcher=$!
+  wait_started "$out" 3 || fail "trial $trial: the ranks did not start"
+  sleep "0.$(( (trial * 37) % 10 ))"
+  victim=$(sed -n 's/^rank 1 pid \([0-9]*\) training$/\1/p' "$out")
+  kill -STOP "$victim"
+  start=$(date +%s%N)
+  wait_bounded "$launcher" "$BOUND_MS"
+  stopped_rank_check "kill -STOP of rank 1 under loom-run, trial $trial of $TRIALS" "$out" "$victim" 2 "$BOUND_MS"
+done
+sed -n 's/^\(loom watchdog: .*\)/  message: \1/p' "$WORK/stuck_1" | head -n 1
+sed -n 's/^\(loom-run: .*\)/  \1/p' "$WORK/stuck_1"
+expect_no_leftovers "after the stopped-rank trials"
+
+# The same under torchrun: its own teardown ends the stopped rank (SIGTERM
+# stays pending on a stopped process; torchrun sends SIGKILL after its 30 s
+# grace), so its bound is longer; the message comes within the watchdog's.
+if [ -x "$TORCHRUN" ]; then
+  out="$WORK/torchrun"
+  "$TORCHRUN" --standalone --nproc_per_node 2 --no_python "$WATCHDOG" train "$MARK" > "$out" 2>&1 &
+  launcher=$!
+  if wait_started "$out" 2; then
+    sleep 0.3
+    victim=$(sed -n 's/^rank 1 pid \([0-9]*\) training$/\1/p' "$out")
+    kill -STOP "$victim"
+    start=$(date +%s%N)
+    wait_bounded "$launcher" 45000
+    stopped_rank_check "kill -STOP of rank 1 under torchrun (its teardown kills the stopped rank)" \
+      "$out" "$victim" 1 45000
+  else
+    fail "torchrun: the ranks did not start"; sed 's/^/    /' "$out" | head -n 20
+  fi
+  expect_no_leftovers "torchrun"
+else
+  echo "SKIP torchrun: $TORCHRUN not found (it lives in ../shared/tools)"
+fi
+
+# The MPI group has no store: the records travel over a duplicated
+# communicator, and the job ends with MPI_Abort.
+if [ "$WITH_MPI" = mpi ]; then
+  out="$WORK/mpirun"
+  mpirun --allow-run-as-root --oversubscribe -x LOOM_TEST_BACKEND=mpi -x LOOM_TEST_COLLECTIVE_S \
+    -x MASTER_ADDR=192.0.2.1 -x MASTER_PORT=9 -n 2 "$WATCHDOG" train "$MARK" > "$out" 2>&1 &
+  launcher=$!
+  if wait_started "$out" 2; then
+    sleep 0.3
+    victim=$(sed -n 's/^rank 1 pid \([0-9]*\) training$/\1/p' "$out")
+    kill -STOP "$victim"
+    start=$(date +%s%N)
+    wait_bounded "$launcher" 30000
+    stopped_rank_check "kill -STOP of rank 1 under mpirun, on the MPI group (MPI_Abort ends the job)" \
+      "$out" "$victim" 1 "$BOUND_MS"
+  else
+    fail "mpirun: the ranks did not start"; sed 's/^/    /' "$out" | head -n 20
+  fi
+  pkill -9 -f "$WATCHDOG train $MARK" 2>/dev/null
+fi
+
+# Desynchronised collectives: both ops named, every rank ends.
+start=$(date +%s%N)
+timeout 60 "$LOOM_RUN" --devices 2 "$WATCHDOG" desync "$MARK" > "$WORK/desync" 2>&1
+status=$?
+took=$(elapsed_ms "$start")
+if [ $status -ne 0 ] && grep -q "desynchronised collectives in group 'world' (2 ranks): at collective #" "$WORK/desync" &&
+  grep -q "entered broadcast(Float\[4\])" "$WORK/desync" && grep -q "entered all_reduce(Float\[4\])" "$WORK/desync"; then
+  pass "broadcast against all_reduce is reported as a desync naming both, in $took ms (exit $status)"
+  sed -n 's/^\(loom watchdog: .*\)/  message: \1/p; s/^\(dist.*desynchronised.*\)/  error: \1/p' "$WORK/desync" | head -n 2
+else
+  fail "desync: exit $status after $took ms:"; sed 's/^/    /' "$WORK/desync" | head -n 30
+fi
+
+# Slow is not stuck.
+LOOM_TEST_SECONDS=$SLOW_SECONDS LOOM_TEST_SLOW_RANK=1 LOOM_TEST_SLOW_MS=1200 \
+  timeout $((SLOW_SECONDS + 120)) "$LOOM_RUN" --devices 2 "$WATCHDOG" train "$MARK" > "$WORK/slow" 2>&1
+status=$?
+if [ $status -eq 0 ] && ! grep -q "loom watchdog" "$WORK/slow"; then
+  pass "no false alarm: $SLOW_SECONDS s of DDP with one rank 1.2 s late every step (collective_timeout 3 s): $(sed -n 's/^rank 0: \(.*\), done$/\1/p' "$WORK/slow")"
+else
+  fail "slow run: exit $status:"; sed 's/^/    /' "$WORK/slow" | head -n 30
+fi
+expect_no_leftovers "watchdog"
+exit $failed
