@@ -2,6 +2,8 @@
 // (inheriting nothing from loom) satisfy each layer and train through
 // Fabric, every step member is reached through the strategy, joint setup,
 // DDP with a world of one, and Lightning's all_gather on one process.
+#include "../src/comm/watchdog.hpp"
+#include "allocation_counter.hpp"
 #include "strategy_models.hpp"
 #include "test_models.hpp"
 
@@ -339,4 +341,53 @@ TEST_CASE("make_fabric takes a ready strategy object, as Lightning's Fabric(stra
                     Catch::Contains("the strategy object carries its own options"));
   CHECK_THROWS_WITH(loom::make_fabric({.strategy = "single_device"}, loom::ddp{}),
                     Catch::Contains("config.strategy is 'single_device' but the strategy object is a 'ddp'"));
+}
+
+// The collective watchdog's recorder (src/comm/collective_recorder.hpp): the
+// hot path writes a ring slot, allocates nothing, and what the watchdog reads
+// back (and sends to the other ranks) describes the op, dtype and shape.
+TEST_CASE("the collective recorder keeps the last entries, allocates nothing, and its records round-trip",
+          "[contract]") {
+  loom::comm::collective_recorder recorder;
+  const at::Tensor grads = at::zeros({3, 5});
+  const at::Tensor index = at::zeros({7}, at::kLong);
+  recorder.record(loom::comm::collective_kind::broadcast, &index);
+  const unsigned long long before = loom_test::allocation_count();
+  for (int i = 0; i < 1000; ++i) recorder.record(loom::comm::collective_kind::all_reduce, &grads);
+  recorder.record(loom::comm::collective_kind::barrier, nullptr);
+  recorder.record(loom::comm::collective_kind::all_to_all, &grads, /*compare_shape=*/false);
+  CHECK(loom_test::allocation_count() == before);
+  CHECK(recorder.entered() == 1003);
+  // The ring holds the last `capacity` entries; older ones read as gone.
+  CHECK_FALSE(recorder.at(0).has_value());
+  REQUIRE(recorder.at(1002).has_value());
+  CHECK(recorder.at(1000)->describe() == "all_reduce(Float[3, 5])");
+  CHECK(recorder.at(1001)->describe() == "barrier");
+  CHECK(recorder.at(1002)->describe() == "all_to_all(Float)");
+  const auto recent = recorder.recent(3);
+  REQUIRE(recent.size() == 3);
+  CHECK(recent.front().sequence == 1000);
+  // Same op and dtype with the shape left out matches any shape; a different
+  // op, dtype or shape does not.
+  loom::comm::collective_recorder other;
+  other.record(loom::comm::collective_kind::all_to_all, &index, false);
+  other.record(loom::comm::collective_kind::all_reduce, &index);
+  other.record(loom::comm::collective_kind::broadcast, &grads);
+  CHECK(recorder.at(1002)->matches(*recorder.at(1002)));
+  CHECK_FALSE(recorder.at(1002)->matches(*other.at(0)));  // dtype differs
+  CHECK_FALSE(recorder.at(1000)->matches(*other.at(2)));  // op differs
+  CHECK_FALSE(other.at(1)->matches(*recorder.at(1000)));  // shape and dtype differ
+
+  loom::comm::group_watch group;
+  group.recorder = std::make_shared<loom::comm::collective_recorder>();
+  group.recorder->record(loom::comm::collective_kind::reduce_scatter, &grads);
+  group.recorder->record(loom::comm::collective_kind::all_gather, &index);
+  const auto decoded = loom::comm::decode_record(loom::comm::encode_record(group, /*paused=*/true));
+  REQUIRE(decoded.has_value());
+  CHECK(decoded->entered == 2);
+  CHECK(decoded->paused);
+  REQUIRE(decoded->entries.size() == 2);
+  CHECK(decoded->entries[0].describe() == "reduce_scatter(Float[3, 5])");
+  CHECK(decoded->entries[1].describe() == "all_gather(Long[7])");
+  CHECK_FALSE(loom::comm::decode_record("something else").has_value());
 }
