@@ -258,7 +258,10 @@ TEST_CASE("make_fabric passes a strategy's options (JSON text or file) and refus
   // Errors name the strategy, the key, the value and what is accepted.
   CHECK_THROWS_WITH(loom::make_fabric({.strategy = "ddp", .strategy_options = R"({"bucket_cap": 50})"}),
                     Catch::Contains("strategy 'ddp': unknown option 'bucket_cap' = 50; accepted: timeout, "
-                                    "process_group_backend, find_unused_parameters"));
+                                    "collective_timeout, process_group_backend, find_unused_parameters"));
+  // The watchdog's collective_timeout, in seconds as timeout.
+  auto watched = loom::make_fabric({.strategy = "ddp", .strategy_options = R"({"collective_timeout": 2.5})"});
+  CHECK(watched.target<ddp_fabric>()->strategy().options().collective_timeout == std::chrono::milliseconds(2500));
   CHECK_THROWS_WITH(loom::make_fabric({.strategy = "ddp", .strategy_options = R"({"bucket_cap_mb": "big"})"}),
                     Catch::Contains("option 'bucket_cap_mb' = \"big\" is not accepted: expected a number > 0"));
   CHECK_THROWS_WITH(loom::make_fabric({.strategy = "ddp", .strategy_options = R"({"bucket_cap_mb": -1})"}),
