@@ -1,0 +1,22 @@
+#!/bin/sh
+# examples/insitu_heat under mpirun -n 2 keeps its promise: the last line is
+# surrogate_rel_error=X persistence_rel_error=Y with X <= 0.5 Y, within 3 minutes.
+set -u
+example=$(realpath "$1")
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+start=$(date +%s)
+timeout 240 mpirun --allow-run-as-root --oversubscribe -n 2 "$example" > "$out" 2>&1
+status=$?
+took=$(( $(date +%s) - start ))
+cat "$out"
+last=$(tail -n 1 "$out")
+x=$(echo "$last" | sed -n 's/^surrogate_rel_error=\([0-9.]*\) persistence_rel_error=[0-9.]*$/\1/p')
+y=$(echo "$last" | sed -n 's/^surrogate_rel_error=[0-9.]* persistence_rel_error=\([0-9.]*\)$/\1/p')
+if [ $status -eq 0 ] && [ -n "$x" ] && [ -n "$y" ] && awk -v x="$x" -v y="$y" 'BEGIN { exit !(x <= 0.5 * y) }' &&
+  [ "$took" -lt 180 ]; then
+  echo "ok: surrogate_rel_error $x <= 0.5 x persistence_rel_error $y, in $took s"
+  exit 0
+fi
+echo "FAIL: exit $status after $took s; last line: $last"
+exit 1
