@@ -6,7 +6,8 @@
 #   (LOOM_WATCHDOG_TRIALS trials, 3 ranks, the stopped one SIGKILLed),
 #   torchrun and mpirun (the MPI group: records over MPI, MPI_Abort);
 # - a rank that broadcasts where the other all-reduces is reported as a
-#   desync naming both ops;
+#   desync naming both ops, by the watchdog or, when the group's timeout
+#   fails the collective first, by the peer_error;
 # - slow is not stuck: one rank sleeping 1.2 s before every step, so that
 #   the others wait >= 1 s in each, for LOOM_WATCHDOG_SLOW_SECONDS, raises
 #   no alarm.
@@ -137,6 +138,14 @@ if [ $status -ne 0 ] && grep -q "desynchronised collectives in group 'world' (2 
 else
   fail "desync: exit $status after $took ms:"; sed 's/^/    /' "$WORK/desync" | head -n 30
 fi
+
+# When the group's own timeout (2 s) fails the mismatched collective before
+# the watchdog speaks (60 s), the error path names the desync the same way.
+LOOM_TEST_GROUP_TIMEOUT_MS=2000 LOOM_TEST_COLLECTIVE_S=60 \
+  timeout 60 "$LOOM_RUN" --devices 2 "$WATCHDOG" desync "$MARK" > "$WORK/desync_error" 2>&1
+status=$?
+expect_contains "$WORK/desync_error" "the collective failed: desynchronised collectives in group 'world' (2 ranks): at collective #1" \
+  "a desync that fails in Gloo (its timeout) raises a peer_error that starts with the desync sentence (exit $status)"
 
 # Slow is not stuck.
 LOOM_TEST_SECONDS=$SLOW_SECONDS LOOM_TEST_SLOW_RANK=1 LOOM_TEST_SLOW_MS=1200 \

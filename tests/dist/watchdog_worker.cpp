@@ -4,7 +4,8 @@
 //   train   DDP training for LOOM_TEST_SECONDS (default: until killed), with
 //           collective_timeout LOOM_TEST_COLLECTIVE_S seconds; rank
 //           LOOM_TEST_SLOW_RANK sleeps LOOM_TEST_SLOW_MS before every step;
-//   desync  rank 0 broadcasts where the others all-reduce.
+//   desync  rank 0 broadcasts where the others all-reduce (LOOM_TEST_DESYNC=shape:
+//           all ranks all-reduce, rank 0 a tensor of another size).
 // LOOM_TEST_BACKEND=mpi runs them on loom's MPI group.
 #include "law_models.hpp"
 
@@ -108,6 +109,7 @@ int run_train() {
 int run_desync() {
   loom::Fabric<loom::cpu, loom::parallel> fabric(
       {}, loom::parallel(loom::parallel_options{
+              .timeout = std::chrono::milliseconds(static_cast<std::int64_t>(env_number("LOOM_TEST_GROUP_TIMEOUT_MS", 1800000))),
               .backend = backend_from_env(),
               .collective_timeout = std::chrono::milliseconds(
                   static_cast<std::int64_t>(env_number("LOOM_TEST_COLLECTIVE_S", 300) * 1000))}));
@@ -117,10 +119,29 @@ int run_desync() {
   std::printf("rank %d pid %d entering the mismatched collective\n", fabric.global_rank(),
               static_cast<int>(::getpid()));
   std::fflush(stdout);
-  if (fabric.global_rank() == 0) {
-    (void)fabric.broadcast(value, 0);
+  const char* kind = std::getenv("LOOM_TEST_DESYNC");
+  if (kind != nullptr && std::string(kind) == "shape") {
+    // Same op, different sizes: Gloo may fail rather than hang.
+    at::Tensor larger = at::ones({fabric.global_rank() == 0 ? 4 : 4096});
+    try {
+      fabric.all_reduce_(larger);
+    } catch (const loom::peer_error& error) {
+      std::printf("rank %d: all_reduce failed: %s\n", fabric.global_rank(), error.what());
+      return 3;
+    }
   } else {
-    fabric.all_reduce_(value);
+    // A hang; with a group timeout below collective_timeout, Gloo's timeout
+    // fails the collective first and the error path names the desync.
+    try {
+      if (fabric.global_rank() == 0) {
+        (void)fabric.broadcast(value, 0);
+      } else {
+        fabric.all_reduce_(value);
+      }
+    } catch (const loom::peer_error& error) {
+      std::printf("rank %d: the collective failed: %s\n", fabric.global_rank(), error.what());
+      return 3;
+    }
   }
   fabric.barrier();
   std::printf("rank %d: the mismatched collectives returned\n", fabric.global_rank());
