@@ -23,14 +23,15 @@ ALLOWED = {
     "accelerator": {"concepts"},
     "precision": {"concepts"},
     "checkpoint": {"concepts", "comm"},
-    "strategy": {"concepts", "comm", "cluster", "launch", "checkpoint"},
+    "tp": {"comm"},
+    "strategy": {"concepts", "comm", "cluster", "launch", "checkpoint", "tp"},
     "wrap": {"concepts", "data", "strategy", "precision"},
     "fabric": {"concepts", "comm", "cluster", "launch", "checkpoint", "accelerator", "precision", "strategy",
-               "wrap", "data", "callbacks"},
+               "wrap", "data", "callbacks", "tp"},
     "runtime": {"concepts", "comm", "cluster", "launch", "checkpoint", "accelerator", "precision", "strategy",
-                "wrap", "data", "callbacks", "fabric"},
+                "wrap", "data", "callbacks", "fabric", "tp"},
     "trainer": {"concepts", "comm", "cluster", "launch", "checkpoint", "accelerator", "precision", "strategy",
-                "wrap", "data", "callbacks", "fabric", "runtime"},
+                "wrap", "data", "callbacks", "fabric", "runtime", "tp"},
     "umbrella": None,  # loom.hpp: everything
 }
 

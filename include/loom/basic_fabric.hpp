@@ -149,7 +149,8 @@ class basic_fabric {
   // on the device.
   template <class Dataset>
   [[nodiscard]] auto setup_dataloaders(Dataset dataset, const loader_options& options) {
-    return detail::build_loader(std::move(dataset), options, world_size(), global_rank(), device());
+    return detail::build_loader(std::move(dataset), options, backend_.sampler_replicas(), backend_.sampler_rank(),
+                                device());
   }
 
   // A loader the user built: batches are moved to the device, nothing else.

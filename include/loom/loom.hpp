@@ -41,6 +41,7 @@
 #include <loom/strategy/fsdp.hpp>
 #include <loom/strategy/fsdp_engine.hpp>
 #include <loom/strategy/fsdp_options.hpp>
+#include <loom/strategy/model_parallel.hpp>
 #include <loom/strategy/nvme_stream.hpp>
 #include <loom/strategy/zero_config.hpp>
 #include <loom/strategy/zero_loss_scaler.hpp>
@@ -49,6 +50,9 @@
 #include <loom/strategy/distributed_runtime.hpp>
 #include <loom/strategy/parallel.hpp>
 #include <loom/strategy/single_device.hpp>
+#include <loom/tp/layers.hpp>
+#include <loom/tp/parallelize.hpp>
+#include <loom/tp/style.hpp>
 #include <loom/util/apply_to_collection.hpp>
 #include <loom/util/seed.hpp>
 #include <loom/wrap/dataloader.hpp>

@@ -95,6 +95,16 @@ class static_backend {
   int local_rank() const { return strategy_.local_rank(); }
   int node_rank() const { return strategy_.node_rank(); }
   int world_size() const { return strategy_.world_size(); }
+  // Who a distributed sampler deals batches to: the world, unless the
+  // strategy says otherwise (model_parallel: its data-parallel ranks).
+  int sampler_replicas() {
+    if constexpr (requires { strategy_.sampler_replicas(); }) return strategy_.sampler_replicas();
+    else return strategy_.world_size();
+  }
+  int sampler_rank() {
+    if constexpr (requires { strategy_.sampler_rank(); }) return strategy_.sampler_rank();
+    else return strategy_.global_rank();
+  }
   c10::Device device() const { return strategy_.root_device(); }
 
   session_type setup_module(torch::nn::Module& module, bool move_to_device) {

@@ -88,6 +88,8 @@ class erased_backend {
   int local_rank() const noexcept { return fabric_->local_rank(); }
   int node_rank() const noexcept { return fabric_->node_rank(); }
   int world_size() const noexcept { return fabric_->world_size(); }
+  int sampler_replicas() { return fabric_->sampler_replicas(); }
+  int sampler_rank() { return fabric_->sampler_rank(); }
   c10::Device device() const noexcept { return fabric_->device(); }
 
   erased_session setup_module(torch::nn::Module& module, bool move_to_device) {

@@ -114,6 +114,8 @@ class fabric_interface {
   virtual int local_rank() const noexcept = 0;
   virtual int node_rank() const noexcept = 0;
   virtual int world_size() const noexcept = 0;
+  virtual int sampler_replicas() = 0;
+  virtual int sampler_rank() = 0;
   virtual c10::Device device() const noexcept = 0;
   virtual bool needs_distributed_sampler() const noexcept = 0;
   virtual bool supports_no_backward_sync() const noexcept = 0;

@@ -39,6 +39,8 @@ class fabric_model final : public fabric_interface {
   int local_rank() const noexcept override { return backend().local_rank(); }
   int node_rank() const noexcept override { return backend().node_rank(); }
   int world_size() const noexcept override { return backend().world_size(); }
+  int sampler_replicas() override { return backend().sampler_replicas(); }
+  int sampler_rank() override { return backend().sampler_rank(); }
   c10::Device device() const noexcept override { return backend().device(); }
   bool needs_distributed_sampler() const noexcept override { return backend().needs_distributed_sampler(); }
   bool supports_no_backward_sync() const noexcept override { return backend().supports_no_backward_sync(); }

@@ -1,0 +1,197 @@
+// The tensor-parallel layers' setup (slicing the full initialisation) and
+// forwards: each style's collectives through comm/autograd.hpp, whose
+// backwards are the transposed collectives.
+#include <loom/comm/autograd.hpp>
+#include <loom/errors.hpp>
+#include <loom/tp/layers.hpp>
+
+#include <ATen/ATen.h>
+#include <torch/nn/functional/embedding.h>
+
+namespace loom::tp {
+
+std::string describe(const parallel_style& style) {
+  auto text = [](const layout& l) {
+    return l.kind == layout::placement::replicate ? std::string("replicate()") : "shard(" + std::to_string(l.dim) + ")";
+  };
+  return std::visit(
+      [&](const auto& s) {
+        using S = std::decay_t<decltype(s)>;
+        if constexpr (std::is_same_v<S, prepare_module_input>) {
+          return "prepare_module_input(" + text(s.input_layout) + " to " + text(s.desired_input_layout) + ")";
+        } else {
+          const std::string name = std::is_same_v<S, colwise_parallel> ? "colwise_parallel" : "rowwise_parallel";
+          return name + "(input " + text(s.input_layout) + ", output " + text(s.output_layout) + ")";
+        }
+      },
+      style);
+}
+
+namespace detail {
+
+struct binding {
+  comm::process_group group;
+  parallel_style style;
+};
+
+namespace {
+
+bool is_colwise(const binding& bound) { return std::holds_alternative<colwise_parallel>(bound.style); }
+
+// This rank's slice along dim of the full (identically initialised) tensor.
+void keep_slice(torch::Tensor& parameter, int64_t dim, const comm::process_group& group) {
+  torch::NoGradGuard no_grad;
+  parameter.set_data(parameter.chunk(group.size(), dim)[group.rank()].clone());
+}
+
+void check_divisible(const std::string& name, const char* what, int64_t extent, const comm::process_group& group,
+                     const parallel_style& style) {
+  if (extent % group.size() != 0) {
+    throw configuration_error("parallelize_module: '" + name + "' gets " + describe(style) + ", which splits its " +
+                              what + " (" + std::to_string(extent) + ") over " + std::to_string(group.size()) +
+                              " tensor-parallel ranks; it must be a multiple of " + std::to_string(group.size()));
+  }
+}
+
+void check_layouts(const std::string& name, const parallel_style& style, bool embedding) {
+  if (std::holds_alternative<prepare_module_input>(style)) {
+    throw configuration_error("parallelize_module: '" + name + "' is a " + (embedding ? "Embedding" : "Linear") +
+                              "; prepare_module_input is for a loom::tp::Prepare (declare one and call it on the "
+                              "block's input)");
+  }
+  std::visit(
+      [&](const auto& s) {
+        using S = std::decay_t<decltype(s)>;
+        if constexpr (std::is_same_v<S, prepare_module_input>) {
+        } else if constexpr (std::is_same_v<S, colwise_parallel>) {
+          if (s.output_layout != replicate() && s.output_layout != shard(-1)) {
+            throw configuration_error("parallelize_module: '" + name + "': colwise_parallel's output is sharded on "
+                                      "the last dimension (shard(-1)) or gathered (replicate()); got " +
+                                      describe(style));
+          }
+          if (embedding && s.input_layout != replicate()) {
+            throw configuration_error("parallelize_module: '" + name + "': an Embedding's input (token ids) is "
+                                      "replicated; got " + describe(style));
+          }
+        } else {
+          if (s.input_layout != replicate() && s.input_layout != shard(-1)) {
+            throw configuration_error("parallelize_module: '" + name + "': rowwise_parallel's input is sharded on "
+                                      "the last dimension (shard(-1)) or replicated (this rank's chunk is taken); "
+                                      "got " + describe(style));
+          }
+          if (embedding && s.input_layout != shard(-1) && s.input_layout != replicate()) {
+            throw configuration_error("parallelize_module: '" + name + "': an Embedding's ids are replicated");
+          }
+        }
+      },
+      style);
+}
+
+// Replicate → rows of the reduction, or a sequence shard of it.
+at::Tensor reduce_partial(const binding& bound, const at::Tensor& partial, const layout& output) {
+  if (output.kind == layout::placement::replicate) return comm::all_reduce_with_grad(bound.group, partial);
+  return comm::reduce_scatter_with_grad(bound.group, partial, output.dim);
+}
+
+}  // namespace
+
+at::Tensor linear_forward(const binding& bound, const at::Tensor& input, const at::Tensor& weight,
+                          const at::Tensor& bias) {
+  if (const auto* col = std::get_if<colwise_parallel>(&bound.style)) {
+    // Replicated input: identity forward, all-reduce of its gradient; a
+    // sequence-sharded input is all-gathered (its gradient reduce-scattered).
+    const at::Tensor x = col->input_prepared ? input
+                         : col->input_layout.kind == layout::placement::replicate
+                             ? comm::copy_to_group(bound.group, input)
+                             : comm::all_gather_with_grad(bound.group, input, col->input_layout.dim);
+    const at::Tensor y = at::linear(x, weight, bias);
+    if (col->output_layout.kind == layout::placement::shard) return y;
+    return comm::all_gather_with_grad(bound.group, y, -1, comm::gathered_gradient::replicated);
+  }
+  const auto& row = std::get<rowwise_parallel>(bound.style);
+  const at::Tensor x = row.input_layout.kind == layout::placement::replicate
+                           ? comm::scatter_to_group(bound.group, input, -1)
+                           : input;
+  at::Tensor y = reduce_partial(bound, at::linear(x, weight), row.output_layout);
+  // The bias is replicated: added once, after the reduction.
+  if (bias.defined()) y = y + bias;
+  return y;
+}
+
+at::Tensor embedding_forward(const binding& bound, const at::Tensor& input, const at::Tensor& weight) {
+  if (const auto* col = std::get_if<colwise_parallel>(&bound.style)) {
+    const at::Tensor y = at::embedding(weight, input);
+    if (col->output_layout.kind == layout::placement::shard) return y;
+    return comm::all_gather_with_grad(bound.group, y, -1, comm::gathered_gradient::replicated);
+  }
+  // Vocabulary-parallel: this rank holds ids [first, first + rows).
+  const int64_t rows = weight.size(0);
+  const int64_t first = rows * bound.group.rank();
+  const at::Tensor outside = (input < first).logical_or(input >= first + rows);
+  const at::Tensor local = (input - first).masked_fill(outside, 0);
+  const at::Tensor partial = at::embedding(weight, local).masked_fill(outside.unsqueeze(-1), 0.0);
+  return reduce_partial(bound, partial, std::get<rowwise_parallel>(bound.style).output_layout);
+}
+
+at::Tensor prepare_forward(const binding& bound, const at::Tensor& input) {
+  const auto& prepare = std::get<prepare_module_input>(bound.style);
+  const bool from_replicate = prepare.input_layout.kind == layout::placement::replicate;
+  const bool to_replicate = prepare.desired_input_layout.kind == layout::placement::replicate;
+  if (from_replicate && to_replicate) return comm::copy_to_group(bound.group, input);
+  if (to_replicate) return comm::all_gather_with_grad(bound.group, input, prepare.input_layout.dim);
+  if (from_replicate) return comm::scatter_to_group(bound.group, input, prepare.desired_input_layout.dim);
+  if (prepare.input_layout == prepare.desired_input_layout) return input;
+  throw configuration_error("a loom::tp::Prepare cannot move a tensor from one sharded dimension to another "
+                            "(all-to-all) yet; " + describe(bound.style));
+}
+
+}  // namespace detail
+
+void PrepareImpl::parallelize(const std::string& name, const parallel_style& style,
+                              const comm::process_group& group) {
+  if (binding_) throw configuration_error("parallelize_module: '" + name + "' is already parallelized");
+  if (!std::holds_alternative<prepare_module_input>(style)) {
+    throw configuration_error("parallelize_module: '" + name + "' is a loom::tp::Prepare, which takes "
+                              "prepare_module_input; got " + describe(style));
+  }
+  binding_ = std::make_shared<const detail::binding>(detail::binding{group, style});
+}
+
+void LinearImpl::parallelize(const std::string& name, const parallel_style& style, const comm::process_group& group) {
+  if (binding_) throw configuration_error("parallelize_module: '" + name + "' is already parallelized");
+  detail::check_layouts(name, style, /*embedding=*/false);
+  const bool colwise = std::holds_alternative<colwise_parallel>(style);
+  if (colwise) {
+    detail::check_divisible(name, "out_features", weight.size(0), group, style);
+    detail::keep_slice(weight, 0, group);
+    sharded_.push_back(weight);
+    if (bias.defined()) {
+      detail::keep_slice(bias, 0, group);
+      sharded_.push_back(bias);
+    }
+  } else {
+    detail::check_divisible(name, "in_features", weight.size(1), group, style);
+    detail::keep_slice(weight, 1, group);
+    sharded_.push_back(weight);
+  }
+  binding_ = std::make_shared<const detail::binding>(detail::binding{group, style});
+}
+
+void EmbeddingImpl::parallelize(const std::string& name, const parallel_style& style,
+                                const comm::process_group& group) {
+  if (binding_) throw configuration_error("parallelize_module: '" + name + "' is already parallelized");
+  if (options.padding_idx() || options.max_norm()) {
+    throw configuration_error("parallelize_module: '" + name + "' is an Embedding with padding_idx or max_norm, "
+                              "which tensor parallel does not support; build it without them");
+  }
+  detail::check_layouts(name, style, /*embedding=*/true);
+  const bool colwise = std::holds_alternative<colwise_parallel>(style);
+  const int64_t dim = colwise ? 1 : 0;
+  detail::check_divisible(name, colwise ? "embedding_dim" : "num_embeddings (the vocabulary)", weight.size(dim), group,
+                          style);
+  detail::keep_slice(weight, dim, group);
+  sharded_.push_back(weight);
+  binding_ = std::make_shared<const detail::binding>(detail::binding{group, style});
+}
+
+}  // namespace loom::tp

@@ -1,0 +1,24 @@
+#!/bin/sh
+# Tensor parallel (model_parallel, loom::tp) against single_device under
+# loom-run: the column-then-row MLP law on 2 and 4 ranks, vocabulary-parallel
+# and column-wise Embeddings, and the plan's refusals
+# (tests/dist/tp_worker.cpp).
+# Arguments: dist_worker (unused) loom-run tp_worker
+. "$(dirname "$0")/common.sh"
+TP=$(realpath "$3")
+run_tp() {  # run_tp DEVICES SCENARIO EXPECTED WHAT
+  timeout 120 "$LOOM_RUN" --devices "$1" "$TP" "$2" "$MARK" > "$WORK/$2.$1" 2>&1
+  expect_contains "$WORK/$2.$1" "$3" "$4"
+  sed -n 's/^\(law (tp).*\)/  \1/p; s/^\(tp [a-z]*: [a-z0-9].*\)/  \1/p' "$WORK/$2.$1" | grep -v "all checks passed"
+}
+run_tp 2 mlp "tp mlp: world_size=2 all checks passed" \
+  "column-then-row MLP on 2 ranks: forward, gradients, 1 + 1 all-reduces, bytes, clip norm, 20 Adam steps equal single_device"
+run_tp 4 mlp "tp mlp: world_size=4 all checks passed" "the same on 4 ranks"
+run_tp 2 block "tp block: world_size=2 all checks passed" \
+  "a transformer block with heads split on 2 ranks: forward, gradients, 2 + 2 all-reduces, 20 Adam steps equal single_device"
+run_tp 2 embed "tp embed: world_size=2 all checks passed" \
+  "vocabulary-parallel and column-wise Embeddings equal torch::nn::Embedding (forward, gradients)"
+run_tp 2 plan "tp plan: world_size=2 all checks passed" \
+  "plans naming a plain Linear, no submodule, or an indivisible size are refused with a sentence"
+expect_no_leftovers "tp"
+exit $failed

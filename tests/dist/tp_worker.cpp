@@ -1,0 +1,433 @@
+// Tensor parallel (loom::tp, strategy model_parallel) against single_device,
+// with real processes (tests/dist/tp.sh, under loom-run --devices 2):
+//   mlp    a column-wise then row-wise pair inside an MLP: forward outputs and
+//          gradients equal the single-device model's (the sharded ones equal
+//          its gradient's slice), one all-reduce in forward and one in
+//          backward, 1/tp of the sharded weights' bytes per rank, the
+//          clipping norm, and 20 Adam steps;
+//   block  a transformer block with attention heads split: forward, gradients,
+//          2 + 2 collectives, 20 Adam steps;
+//   embed  a vocabulary-parallel Embedding and a column-wise one: outputs and
+//          gradients;
+//   plan   plans that name a plain torch::nn::Linear, a missing submodule or
+//          an indivisible size are refused with a sentence.
+// Every rank of the tensor-parallel group sees the same global batch.
+#include "strategy_laws.hpp"
+
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/optim/sgd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+namespace {
+
+using laws::global_batch;
+
+// fc0 is plain, so the pair's input requires grad (its backward all-reduce runs).
+template <class Layer>
+struct MlpImpl : torch::nn::Module {
+  MlpImpl()
+      : fc0(register_module("fc0", torch::nn::Linear(16, 32))),
+        up(register_module("up", Layer(32, 64))),
+        down(register_module("down", Layer(64, 32))),
+        head(register_module("head", torch::nn::Linear(32, 4))) {}
+  at::Tensor forward(const at::Tensor& x) { return head(torch::relu(down(torch::relu(up(torch::relu(fc0(x))))))); }
+  torch::nn::Linear fc0;
+  Layer up, down;
+  torch::nn::Linear head;
+};
+using Mlp = torch::nn::ModuleHolder<MlpImpl<loom::tp::Linear>>;
+using ReferenceMlp = torch::nn::ModuleHolder<MlpImpl<torch::nn::Linear>>;
+
+template <class M>
+M seeded() {
+  at::manual_seed(7);
+  return M();
+}
+
+const loom::tp::parallelize_plan mlp_plan{{"up", loom::tp::colwise_parallel{}}, {"down", loom::tp::rowwise_parallel{}}};
+
+double max_difference(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
+
+// The slice of a full tensor this rank's shard holds.
+at::Tensor slice_of(const at::Tensor& full, int64_t dim, int rank, int size) { return full.chunk(size, dim)[rank]; }
+
+int run_mlp() {
+  loom::Fabric<loom::cpu, loom::model_parallel, loom::fp32> fabric(
+      {}, loom::model_parallel(loom::model_parallel_options{
+              .parallelize_fn = [](torch::nn::Module& module,
+                                   loom::comm::device_mesh& mesh) { loom::tp::parallelize_module(module, mesh, mlp_plan); }}));
+  fabric.launch();
+  const int r = fabric.global_rank();
+  const int tp = fabric.world_size();
+  laws::rank_for_messages = r;
+  LAW_EXPECT(fabric.strategy().device_mesh().size("tensor_parallel") == tp &&
+                 fabric.strategy().device_mesh().size("data_parallel") == 1,
+             "the mesh is 1 x %d", tp);
+
+  auto reference = seeded<ReferenceMlp>();
+  auto net = seeded<Mlp>();
+  // Before the plan, a tp::Linear is a torch::nn::Linear: same initialisation.
+  LAW_EXPECT(torch::equal(net->up->weight, reference->up->weight) && torch::equal(net->down->bias, reference->down->bias),
+             "tp::Linear starts as torch::nn::Linear with the same seed");
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
+  auto [model, optimizer] = fabric.setup(net, adam);
+
+  // What each rank holds: 1/tp of each sharded tensor; the rest replicated.
+  std::int64_t sharded_bytes = 0, replicated_bytes = 0;
+  for (const auto& item : net->named_parameters()) {
+    const bool sharded = item.key().rfind("up.", 0) == 0 || item.key() == "down.weight";
+    (sharded ? sharded_bytes : replicated_bytes) += item.value().numel() * item.value().element_size();
+  }
+  LAW_EXPECT(net->up->weight.numel() * tp == reference->up->weight.numel() &&
+                 net->up->bias.numel() * tp == reference->up->bias.numel() &&
+                 net->down->weight.numel() * tp == reference->down->weight.numel() &&
+                 net->down->bias.numel() == reference->down->bias.numel(),
+             "column-wise weight and bias and row-wise weight hold 1/%d, the row-wise bias all", tp);
+  if (r == 0) {
+    std::printf("tp mlp: per rank, sharded parameters %lld bytes (1/%d of %lld), replicated %lld bytes (fc0, "
+                "down.bias, head)\n",
+                static_cast<long long>(sharded_bytes), tp, static_cast<long long>(sharded_bytes * tp),
+                static_cast<long long>(replicated_bytes));
+  }
+
+  // One forward and backward against the reference's, on the same batch.
+  loom::comm::process_group& group = fabric.strategy().device_mesh().group("tensor_parallel");
+  const at::Tensor x = laws::global_inputs(0);
+  const at::Tensor y = laws::global_targets(0);
+  const std::uint64_t before = group.collectives_recorded();
+  at::Tensor out = model(x);
+  const std::uint64_t after_forward = group.collectives_recorded();
+  at::Tensor loss = torch::nn::functional::cross_entropy(out, y);
+  fabric.backward(loss);
+  const std::uint64_t after_backward = group.collectives_recorded();
+  const at::Tensor expected = reference->forward(x);
+  torch::nn::functional::cross_entropy(expected, y).backward();
+  const double forward_difference = max_difference(out, expected);
+  double gradient_difference = 0;
+  gradient_difference = std::max(gradient_difference, max_difference(net->up->weight.grad(),
+                                                                     slice_of(reference->up->weight.grad(), 0, r, tp)));
+  gradient_difference = std::max(gradient_difference,
+                                 max_difference(net->up->bias.grad(), slice_of(reference->up->bias.grad(), 0, r, tp)));
+  gradient_difference = std::max(
+      gradient_difference, max_difference(net->down->weight.grad(), slice_of(reference->down->weight.grad(), 1, r, tp)));
+  for (const char* replicated : {"fc0.weight", "fc0.bias", "down.bias", "head.weight", "head.bias"}) {
+    gradient_difference = std::max(gradient_difference, max_difference(net->named_parameters()[replicated].grad(),
+                                                                       reference->named_parameters()[replicated].grad()));
+  }
+  LAW_EXPECT(forward_difference < 1e-5, "forward differs by %.3g", forward_difference);
+  LAW_EXPECT(gradient_difference < 1e-5, "gradients differ by %.3g", gradient_difference);
+  LAW_EXPECT(after_forward - before == 1 && after_backward - after_forward == 1,
+             "a column-then-row pair: %llu collectives in forward, %llu in backward (expected 1 and 1)",
+             static_cast<unsigned long long>(after_forward - before),
+             static_cast<unsigned long long>(after_backward - after_forward));
+  const auto recent = group.recent_collectives(2);
+  LAW_EXPECT(recent.size() == 2 && recent[0] == "all_reduce(Float[32, 32])" && recent[1] == "all_reduce(Float[32, 32])",
+             "the pair's collectives are the row-wise output's and the column-wise input gradient's all-reduces");
+
+  // The clipping norm counts sharded gradients over the group, replicated once.
+  std::vector<at::Tensor> reference_parameters = reference->parameters();
+  const double expected_norm = torch::nn::utils::clip_grad_norm_(reference_parameters, 0.5);
+  const auto norm = fabric.clip_gradients(model, optimizer, loom::clip_options{.max_norm = 0.5});
+  LAW_EXPECT(norm && std::abs(*norm - expected_norm) < 1e-5 * expected_norm, "clip norm %.8g, single device %.8g",
+             norm ? *norm : -1.0, expected_norm);
+  const double clipped_difference =
+      max_difference(net->up->weight.grad(), slice_of(reference->up->weight.grad(), 0, r, tp));
+  LAW_EXPECT(clipped_difference < 1e-6, "clipped gradients differ by %.3g", clipped_difference);
+  if (r == 0) {
+    std::printf("tp mlp: forward max diff %.3g, gradients %.3g, collectives forward %llu backward %llu, clip norm "
+                "%.8g (single device %.8g)\n",
+                forward_difference, gradient_difference, static_cast<unsigned long long>(after_forward - before),
+                static_cast<unsigned long long>(after_backward - after_forward), norm ? *norm : -1.0, expected_norm);
+  }
+
+  // 20 Adam steps against the reference's (the clipped step above included).
+  torch::optim::Adam reference_adam(reference->parameters(), torch::optim::AdamOptions(1e-2));
+  optimizer.step();
+  reference_adam.step();
+  for (int step = 1; step < 20; ++step) {
+    optimizer.zero_grad();
+    fabric.backward(torch::nn::functional::cross_entropy(model(laws::global_inputs(step)), laws::global_targets(step)));
+    optimizer.step();
+    reference_adam.zero_grad();
+    torch::nn::functional::cross_entropy(reference->forward(laws::global_inputs(step)), laws::global_targets(step))
+        .backward();
+    reference_adam.step();
+  }
+  double trained = 0;
+  trained = std::max(trained, max_difference(net->up->weight, slice_of(reference->up->weight, 0, r, tp)));
+  trained = std::max(trained, max_difference(net->down->weight, slice_of(reference->down->weight, 1, r, tp)));
+  trained = std::max(trained, max_difference(net->down->bias, reference->down->bias));
+  trained = std::max(trained, max_difference(net->head->weight, reference->head->weight));
+  LAW_EXPECT(trained < 2e-5, "after 20 Adam steps the weights differ by %.3g", trained);
+  const bool everyone = fabric.reduce_boolean_decision(laws::failures == 0, /*all=*/true);
+  if (r == 0) {
+    std::printf("law (tp): column-then-row MLP, tensor_parallel=%d: max |tp - single| after 20 Adam steps = %.3g\n",
+                tp, trained);
+    std::printf("tp mlp: world_size=%d %s\n", tp, everyone ? "all checks passed" : "FAILED");
+  }
+  return laws::failures == 0 ? 0 : 1;
+}
+
+// A transformer block (pre-norm attention with causal mask, then an MLP),
+// attention heads split over the group: wq, wk, wv and w1 column-wise after a
+// Prepare (one gradient all-reduce each for attention and MLP), wo and w2
+// row-wise (one all-reduce each): 2 collectives in forward, 2 in backward.
+template <bool Parallel>
+struct BlockImpl : torch::nn::Module {
+  using L = std::conditional_t<Parallel, loom::tp::Linear, torch::nn::Linear>;
+  static constexpr int64_t dim = 32, heads = 4;
+  int64_t local_heads = heads;  // parallelize_fn divides it by the group size
+  BlockImpl()
+      : ln1(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})))),
+        ln2(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})))),
+        attn_in(register_module("attn_in", loom::tp::Prepare())),
+        mlp_in(register_module("mlp_in", loom::tp::Prepare())),
+        wq(register_module("wq", L(dim, dim))),
+        wk(register_module("wk", L(dim, dim))),
+        wv(register_module("wv", L(dim, dim))),
+        wo(register_module("wo", L(dim, dim))),
+        w1(register_module("w1", L(dim, 4 * dim))),
+        w2(register_module("w2", L(4 * dim, dim))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    const int64_t b = x.size(0), t = x.size(1), hd = dim / heads;
+    const at::Tensor h = attn_in(ln1(x));
+    auto split = [&](const at::Tensor& y) { return y.view({b, t, local_heads, hd}).transpose(1, 2); };
+    const at::Tensor q = split(wq(h)), k = split(wk(h)), v = split(wv(h));
+    const at::Tensor mask = at::ones({t, t}, at::kBool).triu(1);
+    const at::Tensor scores = at::matmul(q, k.transpose(-2, -1)).div(std::sqrt(static_cast<double>(hd)));
+    const at::Tensor attention =
+        at::matmul(at::softmax(scores.masked_fill(mask, -1e9), -1), v).transpose(1, 2).reshape({b, t, local_heads * hd});
+    const at::Tensor mid = x + wo(attention);
+    return mid + w2(torch::gelu(w1(mlp_in(ln2(mid)))));
+  }
+  torch::nn::LayerNorm ln1, ln2;
+  loom::tp::Prepare attn_in, mlp_in;
+  L wq, wk, wv, wo, w1, w2;
+};
+using Block = torch::nn::ModuleHolder<BlockImpl<true>>;
+using ReferenceBlock = torch::nn::ModuleHolder<BlockImpl<false>>;
+
+int run_block() {
+  loom::Fabric<loom::cpu, loom::model_parallel, loom::fp32> fabric(
+      {}, loom::model_parallel(loom::model_parallel_options{
+              .parallelize_fn = [](torch::nn::Module& module, loom::comm::device_mesh& mesh) {
+                using loom::tp::colwise_parallel;
+                using loom::tp::rowwise_parallel;
+                const colwise_parallel after_prepare{.input_prepared = true};
+                loom::tp::parallelize_module(module, mesh,
+                                             {{"attn_in", loom::tp::prepare_module_input{}},
+                                              {"wq", after_prepare}, {"wk", after_prepare}, {"wv", after_prepare},
+                                              {"wo", rowwise_parallel{}},
+                                              {"mlp_in", loom::tp::prepare_module_input{}},
+                                              {"w1", after_prepare}, {"w2", rowwise_parallel{}}});
+                auto& block = dynamic_cast<BlockImpl<true>&>(module);
+                block.local_heads = BlockImpl<true>::heads / mesh.size("tensor_parallel");
+              }}));
+  fabric.launch();
+  const int r = fabric.global_rank();
+  const int tp = fabric.world_size();
+  laws::rank_for_messages = r;
+  auto reference = seeded<ReferenceBlock>();
+  auto net = seeded<Block>();
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-3));
+  auto [model, optimizer] = fabric.setup(net, adam);
+  loom::comm::process_group& group = fabric.strategy().device_mesh().group("tensor_parallel");
+  auto batch = [](int step) {
+    auto generator = at::detail::createCPUGenerator(300 + step);
+    return std::make_pair(at::randn({4, 6, 32}, generator), at::randn({4, 6, 32}, generator));
+  };
+  const auto [x, target] = batch(0);
+  const std::uint64_t before = group.collectives_recorded();
+  at::Tensor out = model(x);
+  const std::uint64_t after_forward = group.collectives_recorded();
+  fabric.backward(torch::mse_loss(out, target));
+  const std::uint64_t after_backward = group.collectives_recorded();
+  const at::Tensor expected = reference->forward(x);
+  torch::mse_loss(expected, target).backward();
+  const double forward_difference = max_difference(out, expected);
+  double gradient_difference = 0;
+  for (const char* name : {"wq", "wk", "wv", "w1"}) {
+    for (const char* part : {".weight", ".bias"}) {
+      const std::string key = std::string(name) + part;
+      gradient_difference = std::max(gradient_difference, max_difference(net->named_parameters()[key].grad(),
+                                                                         slice_of(reference->named_parameters()[key].grad(), 0, r, tp)));
+    }
+  }
+  for (const char* name : {"wo.weight", "w2.weight"}) {
+    gradient_difference = std::max(gradient_difference, max_difference(net->named_parameters()[name].grad(),
+                                                                       slice_of(reference->named_parameters()[name].grad(), 1, r, tp)));
+  }
+  // Replicated: the layer norms and the row-wise biases.
+  for (const char* name : {"ln1.weight", "ln1.bias", "ln2.weight", "ln2.bias", "wo.bias", "w2.bias"}) {
+    gradient_difference = std::max(gradient_difference, max_difference(net->named_parameters()[name].grad(),
+                                                                       reference->named_parameters()[name].grad()));
+  }
+  LAW_EXPECT(forward_difference < 1e-5, "block forward differs by %.3g", forward_difference);
+  LAW_EXPECT(gradient_difference < 1e-5, "block gradients differ by %.3g", gradient_difference);
+  LAW_EXPECT(after_forward - before == 2 && after_backward - after_forward == 2,
+             "a transformer block: %llu collectives in forward, %llu in backward (expected 2 and 2)",
+             static_cast<unsigned long long>(after_forward - before),
+             static_cast<unsigned long long>(after_backward - after_forward));
+  torch::optim::Adam reference_adam(reference->parameters(), torch::optim::AdamOptions(1e-3));
+  optimizer.step();
+  reference_adam.step();
+  for (int step = 1; step < 20; ++step) {
+    const auto [xs, ys] = batch(step);
+    optimizer.zero_grad();
+    fabric.backward(torch::mse_loss(model(xs), ys));
+    optimizer.step();
+    reference_adam.zero_grad();
+    torch::mse_loss(reference->forward(xs), ys).backward();
+    reference_adam.step();
+  }
+  double trained = std::max(max_difference(net->wq->weight, slice_of(reference->wq->weight, 0, r, tp)),
+                            max_difference(net->w2->weight, slice_of(reference->w2->weight, 1, r, tp)));
+  trained = std::max(trained, max_difference(net->ln1->weight, reference->ln1->weight));
+  LAW_EXPECT(trained < 2e-5, "after 20 Adam steps the block's weights differ by %.3g", trained);
+  const bool everyone = fabric.reduce_boolean_decision(laws::failures == 0, /*all=*/true);
+  if (r == 0) {
+    std::printf("tp block: %lld of %lld heads per rank; forward max diff %.3g, gradients %.3g, collectives forward "
+                "%llu backward %llu\n",
+                static_cast<long long>(net->local_heads), static_cast<long long>(BlockImpl<true>::heads),
+                forward_difference, gradient_difference, static_cast<unsigned long long>(after_forward - before),
+                static_cast<unsigned long long>(after_backward - after_forward));
+    std::printf("law (tp): transformer block, heads split, tensor_parallel=%d: max |tp - single| after 20 Adam steps = "
+                "%.3g\n", tp, trained);
+    std::printf("tp block: world_size=%d %s\n", tp, everyone ? "all checks passed" : "FAILED");
+  }
+  return laws::failures == 0 ? 0 : 1;
+}
+
+// Vocabulary-parallel (row-wise) and column-wise Embeddings.
+template <class Embedding>
+struct EmbedImpl : torch::nn::Module {
+  EmbedImpl()
+      : vocab(register_module("vocab", Embedding(64, 12))), wide(register_module("wide", Embedding(64, 8))) {}
+  at::Tensor forward(const at::Tensor& ids) { return torch::cat({vocab(ids), wide(ids)}, -1); }
+  Embedding vocab, wide;
+};
+using Embed = torch::nn::ModuleHolder<EmbedImpl<loom::tp::Embedding>>;
+using ReferenceEmbed = torch::nn::ModuleHolder<EmbedImpl<torch::nn::Embedding>>;
+
+int run_embed() {
+  const loom::tp::parallelize_plan plan{{"vocab", loom::tp::rowwise_parallel{.input_layout = loom::tp::replicate()}},
+                                        {"wide", loom::tp::colwise_parallel{.output_layout = loom::tp::replicate()}}};
+  loom::Fabric<loom::cpu, loom::model_parallel, loom::fp32> fabric(
+      {}, loom::model_parallel(loom::model_parallel_options{
+              .parallelize_fn = [&plan](torch::nn::Module& module, loom::comm::device_mesh& mesh) {
+                loom::tp::parallelize_module(module, mesh, plan);
+              }}));
+  fabric.launch();
+  const int r = fabric.global_rank();
+  const int tp = fabric.world_size();
+  laws::rank_for_messages = r;
+  auto reference = seeded<ReferenceEmbed>();
+  auto net = seeded<Embed>();
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  auto [model, optimizer] = fabric.setup(net, sgd);
+  LAW_EXPECT(net->vocab->weight.size(0) * tp == 64 && net->wide->weight.size(1) * tp == 8,
+             "the vocabulary-parallel weight holds 1/%d of the rows, the column-wise one 1/%d of the columns", tp, tp);
+  auto generator = at::detail::createCPUGenerator(5);
+  const at::Tensor ids = at::randint(0, 64, {4, 10}, generator);
+  const at::Tensor weights = at::randn({4, 10, 20}, generator);
+  at::Tensor out = model(ids);
+  fabric.backward((out * weights).sum());
+  const at::Tensor expected = reference->forward(ids);
+  (expected * weights).sum().backward();
+  const double forward_difference = max_difference(out, expected);
+  const double gradient_difference =
+      std::max(max_difference(net->vocab->weight.grad(), slice_of(reference->vocab->weight.grad(), 0, r, tp)),
+               max_difference(net->wide->weight.grad(), slice_of(reference->wide->weight.grad(), 1, r, tp)));
+  LAW_EXPECT(forward_difference < 1e-6 && gradient_difference < 1e-6, "embeddings: forward %.3g, gradients %.3g",
+             forward_difference, gradient_difference);
+  const bool everyone = fabric.reduce_boolean_decision(laws::failures == 0, /*all=*/true);
+  if (r == 0) {
+    std::printf("tp embed: forward max diff %.3g, gradients %.3g\n", forward_difference, gradient_difference);
+    std::printf("tp embed: world_size=%d %s\n", tp, everyone ? "all checks passed" : "FAILED");
+  }
+  return laws::failures == 0 ? 0 : 1;
+}
+
+bool refused_with(const std::function<void()>& body, const std::string& expected) {
+  try {
+    body();
+  } catch (const loom::configuration_error& error) {
+    if (std::string(error.what()).find(expected) != std::string::npos) return true;
+    std::fprintf(stderr, "rank %d: refused with: %s\n", laws::rank_for_messages, error.what());
+    return false;
+  }
+  return false;
+}
+
+int run_plan() {
+  loom::Fabric<loom::cpu, loom::parallel> fabric({}, loom::parallel());
+  fabric.launch();
+  laws::rank_for_messages = fabric.global_rank();
+  loom::comm::process_group& group = fabric.strategy().group();
+  LAW_EXPECT(refused_with(
+                 [&] {
+                   auto plain = seeded<ReferenceMlp>();
+                   loom::tp::parallelize_module(*plain, group, mlp_plan);
+                 },
+                 "but it is torch::nn::LinearImpl, which cannot run a style's collectives (LibTorch has no forward "
+                 "hooks). Declare it as loom::tp::Linear"),
+             "a plan naming a plain Linear is refused, naming the holder to use");
+  LAW_EXPECT(refused_with(
+                 [&] {
+                   auto net = seeded<Mlp>();
+                   loom::tp::parallelize_module(*net, group, {{"middle", loom::tp::colwise_parallel{}}});
+                 },
+                 "the plan names 'middle', which matches no submodule; the module has: fc0, up, down, head"),
+             "a plan naming no submodule lists the names");
+  LAW_EXPECT(refused_with(
+                 [&] {
+                   auto net = seeded<Mlp>();
+                   loom::tp::parallelize_module(*net, group, {{"head", loom::tp::colwise_parallel{}}});
+                 },
+                 "but it is torch::nn::LinearImpl"),
+             "head is plain");
+  if (fabric.world_size() > 1) {
+    struct OddImpl : torch::nn::Module {
+      OddImpl() : layer(register_module("layer", loom::tp::Linear(4, 3))) {}
+      loom::tp::Linear layer;
+    };
+    auto odd = std::make_shared<OddImpl>();
+    LAW_EXPECT(refused_with([&] { loom::tp::parallelize_module(*odd, group, {{"layer", loom::tp::colwise_parallel{}}}); },
+                            "which splits its out_features (3) over 2 tensor-parallel ranks; it must be a multiple "
+                            "of 2"),
+               "an out_features the group does not divide is refused");
+  }
+  LAW_EXPECT(refused_with(
+                 [&] {
+                   (void)loom::detail::model_parallel_sizes(2, 3, 4, 1);
+                 },
+                 "data_parallel_size 2 x tensor_parallel_size 3 = 6 ranks, but the world size is 4"),
+             "sizes that do not multiply to the world are refused, naming the three numbers");
+  const bool everyone = fabric.reduce_boolean_decision(laws::failures == 0, /*all=*/true);
+  if (fabric.is_global_zero()) {
+    std::printf("tp plan: world_size=%d %s\n", fabric.world_size(), everyone ? "all checks passed" : "FAILED");
+  }
+  return laws::failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string scenario = argc > 1 ? argv[1] : "mlp";
+  try {
+    if (scenario == "mlp") return run_mlp();
+    if (scenario == "embed") return run_embed();
+    if (scenario == "block") return run_block();
+    if (scenario == "plan") return run_plan();
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "tp_worker %s rank %d: %s\n", scenario.c_str(), laws::rank_for_messages, error.what());
+    return 1;
+  }
+  std::fprintf(stderr, "tp_worker: unknown scenario '%s'\n", scenario.c_str());
+  return 2;
+}
