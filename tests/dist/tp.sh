@@ -16,6 +16,8 @@ run_tp 2 mlp "tp mlp: world_size=2 all checks passed" \
 run_tp 4 mlp "tp mlp: world_size=4 all checks passed" "the same on 4 ranks"
 run_tp 2 block "tp block: world_size=2 all checks passed" \
   "a transformer block with heads split on 2 ranks: forward, gradients, 2 + 2 all-reduces, 20 Adam steps equal single_device"
+run_tp 4 mesh "tp mesh: world_size=4 all checks passed" \
+  "a 2 x 2 mesh (FSDP on data parallel 2 x tensor parallel 2) with batch B/2 per data-parallel rank equals single_device with B"
 run_tp 2 embed "tp embed: world_size=2 all checks passed" \
   "vocabulary-parallel and column-wise Embeddings equal torch::nn::Embedding (forward, gradients)"
 run_tp 2 plan "tp plan: world_size=2 all checks passed" \

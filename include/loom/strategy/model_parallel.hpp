@@ -5,13 +5,19 @@
 // use the data-parallel coordinate: the ranks of one tensor-parallel group
 // see the same batch.
 //
-// Built so far: the mesh, parallelize_fn, tensor parallel (data_parallel_size
-// 1), samplers, gradient clipping over shards. Not built yet (an error says
-// so): data_parallel_size > 1 (FSDP on the data-parallel dimension),
-// distributed checkpoints.
+// The data-parallel dimension is sharded by the FSDP engine (fsdp_engine.hpp)
+// on the mesh's data_parallel groups, FSDP2's role: each rank's
+// tensor-parallel shards are sharded again over the ranks that share its
+// tensor-parallel coordinate, and their gradients averaged over them.
+//
+// Not built yet (an error says so): clipping by norm with both dimensions
+// larger than one, distributed checkpoints.
 #pragma once
 
 #include <loom/comm/device_mesh.hpp>
+#include <loom/strategy/fsdp_engine.hpp>
+#include <loom/strategy/fsdp_options.hpp>
+#include <loom/strategy/no_sync_guard.hpp>
 #include <loom/strategy/parallel.hpp>
 #include <loom/tp/parallelize.hpp>
 
@@ -37,6 +43,9 @@ struct model_parallel_options {
   launcher_kind launcher = launcher_kind::subprocess;
   std::optional<std::int64_t> mpi_communicator;
   std::chrono::milliseconds collective_timeout = std::chrono::seconds(300);
+  // How the data-parallel dimension is sharded (units, sharding strategy,
+  // prefetch, ...): fsdp's options, on the data_parallel groups.
+  fsdp_options data_parallel;
 };
 
 namespace detail {
@@ -53,6 +62,9 @@ struct model_parallel : parallel {
   static constexpr std::string_view name = "model_parallel";
   static constexpr bool supports_no_backward_sync = true;
 
+  // The sharding engine over the data-parallel dimension (null when it has one rank).
+  using module_state = std::shared_ptr<detail::fsdp_engine>;
+
   model_parallel() = default;
   explicit model_parallel(model_parallel_options options)
       : parallel(parallel_options{.timeout = options.timeout,
@@ -65,6 +77,7 @@ struct model_parallel : parallel {
   void setup_environment(const strategy_environment& environment) {
     parallel::setup_environment(environment);
     num_nodes_ = environment.num_nodes;
+    precision_ = std::string(environment.precision.empty() ? "32-true" : environment.precision);
   }
 
   // The 2-D mesh (data_parallel, tensor_parallel), formed on first use
@@ -73,11 +86,6 @@ struct model_parallel : parallel {
     if (!mesh_) {
       const auto [dp, tp] = detail::model_parallel_sizes(options_.data_parallel_size, options_.tensor_parallel_size,
                                                          world_size(), num_nodes_);
-      if (dp > 1) {
-        throw configuration_error("model_parallel: data_parallel_size " + std::to_string(dp) +
-                                  " (FSDP on the data-parallel dimension) is not built yet; run tensor parallel "
-                                  "alone (data_parallel_size 1, tensor_parallel_size = the world size)");
-      }
       mesh_ = std::make_shared<comm::device_mesh>(group(), std::vector<int>{dp, tp},
                                                   std::vector<std::string>{"data_parallel", "tensor_parallel"});
     }
@@ -96,12 +104,49 @@ struct model_parallel : parallel {
     comm::device_mesh& mesh = device_mesh();
     if (move_to_device) module.to(this->device_);
     options_.parallelize_fn(module, mesh);
-    return {};
+    if (mesh.size("data_parallel") == 1) return nullptr;
+    fsdp_options sharding = options_.data_parallel;
+    sharding.timeout = options_.timeout;
+    return std::make_shared<detail::fsdp_engine>(module, mesh.group("data_parallel"), sharding,
+                                                 runtime().local_world_size(), precision_);
+  }
+
+  template <class Forward>
+  auto forward(module_state& engine, torch::nn::Module& /*module*/, Forward&& run) {
+    if (!engine) return std::forward<Forward>(run)();
+    engine->root_pre_forward();
+    auto output = std::forward<Forward>(run)();
+    for_each_tensor(output, [&engine](const at::Tensor& t) { engine->root_watch_output(t); });
+    engine->root_post_forward();
+    return output;
+  }
+
+  // Tensor parallel has nothing to skip; the data-parallel engine defers its
+  // reduction (FSDP's no_sync).
+  class [[nodiscard("a guard acts only while it lives: name it (auto guard = ...)")]] no_sync {
+   public:
+    no_sync(detail::fsdp_engine* engine, bool enabled) {
+      if (engine != nullptr) guard_.emplace(*engine, enabled);
+    }
+
+   private:
+    std::optional<no_sync_guard<detail::fsdp_engine>> guard_;
+  };
+  no_sync no_backward_sync(module_state& engine, bool enabled = true) { return no_sync(engine.get(), enabled); }
+
+  void zero_grad(torch::optim::Optimizer& optimizer) {
+    for (auto& group : optimizer.param_groups()) {
+      for (auto& parameter : group.params()) parameter.mutable_grad().reset();
+    }
   }
 
   template <class State>
-  std::optional<double> clip_gradients(State& /*state*/, torch::nn::Module& module, const clip_options& options) {
-    return detail::clip_tensor_parallel(module, device_mesh().group("tensor_parallel"), options);
+  std::optional<double> clip_gradients(State& engine, torch::nn::Module& module, const clip_options& options) {
+    comm::device_mesh& mesh = device_mesh();
+    if (!engine) return detail::clip_tensor_parallel(module, mesh.group("tensor_parallel"), options);
+    if (mesh.size("tensor_parallel") == 1 || options.clip_val) return engine->clip_gradients(options);
+    throw configuration_error("model_parallel: clip_gradients by norm with both data_parallel_size and "
+                              "tensor_parallel_size above 1 is not built yet (clip by value works)");
   }
 
   const model_parallel_options& options() const noexcept { return options_; }
@@ -109,6 +154,7 @@ struct model_parallel : parallel {
  private:
   model_parallel_options options_;
   int num_nodes_ = 1;
+  std::string precision_ = "32-true";
   std::shared_ptr<comm::device_mesh> mesh_;
 };
 
