@@ -6,6 +6,9 @@
 #include <loom/tp/layers.hpp>
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <atomic>
 #include <torch/nn/functional/embedding.h>
 
 namespace loom::tp {
@@ -19,6 +22,8 @@ std::string describe(const parallel_style& style) {
         using S = std::decay_t<decltype(s)>;
         if constexpr (std::is_same_v<S, prepare_module_input>) {
           return "prepare_module_input(" + text(s.input_layout) + " to " + text(s.desired_input_layout) + ")";
+        } else if constexpr (std::is_same_v<S, sequence_parallel>) {
+          return "sequence_parallel(sequence dim " + std::to_string(s.sequence_dim) + ")";
         } else {
           const std::string name = std::is_same_v<S, colwise_parallel> ? "colwise_parallel" : "rowwise_parallel";
           return name + "(input " + text(s.input_layout) + ", output " + text(s.output_layout) + ")";
@@ -32,6 +37,8 @@ namespace detail {
 struct binding {
   comm::process_group group;
   parallel_style style;
+  // Dropout under sequence_parallel: this rank's own mask generator.
+  mutable at::Generator generator;
 };
 
 namespace {
@@ -54,15 +61,14 @@ void check_divisible(const std::string& name, const char* what, int64_t extent, 
 }
 
 void check_layouts(const std::string& name, const parallel_style& style, bool embedding) {
-  if (std::holds_alternative<prepare_module_input>(style)) {
+  if (std::holds_alternative<prepare_module_input>(style) || std::holds_alternative<sequence_parallel>(style)) {
     throw configuration_error("parallelize_module: '" + name + "' is a " + (embedding ? "Embedding" : "Linear") +
-                              "; prepare_module_input is for a loom::tp::Prepare (declare one and call it on the "
-                              "block's input)");
+                              "; it takes colwise_parallel or rowwise_parallel, not " + describe(style));
   }
   std::visit(
       [&](const auto& s) {
         using S = std::decay_t<decltype(s)>;
-        if constexpr (std::is_same_v<S, prepare_module_input>) {
+        if constexpr (std::is_same_v<S, prepare_module_input> || std::is_same_v<S, sequence_parallel>) {
         } else if constexpr (std::is_same_v<S, colwise_parallel>) {
           if (s.output_layout != replicate() && s.output_layout != shard(-1)) {
             throw configuration_error("parallelize_module: '" + name + "': colwise_parallel's output is sharded on "
@@ -113,8 +119,12 @@ at::Tensor linear_forward(const binding& bound, const at::Tensor& input, const a
                            ? comm::scatter_to_group(bound.group, input, -1)
                            : input;
   at::Tensor y = reduce_partial(bound, at::linear(x, weight), row.output_layout);
-  // The bias is replicated: added once, after the reduction.
-  if (bias.defined()) y = y + bias;
+  // The bias is replicated: added once, after the reduction. On a
+  // sequence-sharded output each rank's bias gradient is partial: summed over
+  // the group (Megatron's rule).
+  if (bias.defined()) {
+    y = y + (row.output_layout.kind == layout::placement::shard ? comm::copy_to_group(bound.group, bias) : bias);
+  }
   return y;
 }
 
@@ -145,7 +155,52 @@ at::Tensor prepare_forward(const binding& bound, const at::Tensor& input) {
                             "(all-to-all) yet; " + describe(bound.style));
 }
 
+at::Tensor layer_norm_forward(const binding& bound, const at::Tensor& input, const at::Tensor& weight,
+                              const at::Tensor& bias, const torch::nn::LayerNormOptions& options) {
+  // copy_to_group: identity forward; the partial gradients all-reduced in backward.
+  const at::Tensor w = weight.defined() ? comm::copy_to_group(bound.group, weight) : weight;
+  const at::Tensor b = bias.defined() ? comm::copy_to_group(bound.group, bias) : bias;
+  return at::layer_norm(input, options.normalized_shape(), w, b, options.eps());
+}
+
+at::Tensor dropout_forward(const binding& bound, const at::Tensor& input, double p, bool training) {
+  if (!training || p == 0.0) return input;
+  if (p == 1.0) return input * 0.0;
+  const at::Tensor keep = at::empty_like(input).bernoulli_(1.0 - p, bound.generator);
+  return input * keep / (1.0 - p);
+}
+
+namespace {
+void bind_sequence_parallel(const std::string& name, const char* what, const parallel_style& style,
+                            const comm::process_group& group, std::shared_ptr<const binding>& out) {
+  if (out) throw configuration_error("parallelize_module: '" + name + "' is already parallelized");
+  if (!std::holds_alternative<sequence_parallel>(style)) {
+    throw configuration_error("parallelize_module: '" + name + "' is a " + what + ", which takes sequence_parallel; got " +
+                              describe(style));
+  }
+  // Independent masks per rank and per layer, reproducible from the global
+  // seed (read, not consumed: the model's other random draws stay those of
+  // the single-device run): seed, layer (counted in plan order, the same on
+  // every rank) and rank, mixed.
+  static std::atomic<std::uint64_t> layers{0};
+  const std::uint64_t layer = layers.fetch_add(1);
+  const std::uint64_t seed = at::detail::getDefaultCPUGenerator().current_seed();
+  const std::uint64_t mixed = seed * 0x9E3779B97F4A7C15ULL + (layer + 1) * 0xBF58476D1CE4E5B9ULL +
+                              static_cast<std::uint64_t>(group.rank() + 1) * 0x94D049BB133111EBULL;
+  out = std::make_shared<binding>(binding{group, style, at::detail::createCPUGenerator(mixed)});
+}
+}  // namespace
+
 }  // namespace detail
+
+void LayerNormImpl::parallelize(const std::string& name, const parallel_style& style,
+                                const comm::process_group& group) {
+  detail::bind_sequence_parallel(name, "LayerNorm", style, group, binding_);
+}
+
+void DropoutImpl::parallelize(const std::string& name, const parallel_style& style, const comm::process_group& group) {
+  detail::bind_sequence_parallel(name, "Dropout", style, group, binding_);
+}
 
 void PrepareImpl::parallelize(const std::string& name, const parallel_style& style,
                               const comm::process_group& group) {

@@ -16,6 +16,10 @@ run_tp 2 mlp "tp mlp: world_size=2 all checks passed" \
 run_tp 4 mlp "tp mlp: world_size=4 all checks passed" "the same on 4 ranks"
 run_tp 2 block "tp block: world_size=2 all checks passed" \
   "a transformer block with heads split on 2 ranks: forward, gradients, 2 + 2 all-reduces, 20 Adam steps equal single_device"
+run_tp 2 sequence "tp sequence: world_size=2 all checks passed" \
+  "the block with sequence parallelism: all-gathers and reduce-scatters instead of all-reduces, LayerNorm and bias gradients all-reduced, equal to single_device"
+run_tp 2 dropout "tp dropout: world_size=2 all checks passed" \
+  "dropout masks agree across the group for replicated activations and differ for sequence-sharded ones"
 run_tp 4 mesh "tp mesh: world_size=4 all checks passed" \
   "a 2 x 2 mesh (FSDP on data parallel 2 x tensor parallel 2) with batch B/2 per data-parallel rank equals single_device with B"
 run_tp 2 embed "tp embed: world_size=2 all checks passed" \

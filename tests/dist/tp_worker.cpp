@@ -7,6 +7,11 @@
 //          clipping norm, and 20 Adam steps;
 //   block  a transformer block with attention heads split: forward, gradients,
 //          2 + 2 collectives, 20 Adam steps;
+//   sequence  the block with sequence parallelism: each all-reduce becomes an
+//          all-gather and a reduce-scatter, plus the replicated parameters'
+//          gradient all-reduces;
+//   dropout   masks agree across the group where activations are replicated
+//          and differ where they are sharded;
 //   mesh   a 2 x 2 mesh, FSDP on the data-parallel dimension, batch B/2 per
 //          data-parallel rank, equals single_device with B (4 ranks);
 //   embed  a vocabulary-parallel Embedding and a column-wise one: outputs and
@@ -21,6 +26,7 @@
 #include <torch/nn/modules/normalization.h>
 #include <torch/optim/sgd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -182,11 +188,12 @@ int run_mlp() {
 template <bool Parallel>
 struct BlockImpl : torch::nn::Module {
   using L = std::conditional_t<Parallel, loom::tp::Linear, torch::nn::Linear>;
+  using N = std::conditional_t<Parallel, loom::tp::LayerNorm, torch::nn::LayerNorm>;
   static constexpr int64_t dim = 32, heads = 4;
   int64_t local_heads = heads;  // parallelize_fn divides it by the group size
   BlockImpl()
-      : ln1(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})))),
-        ln2(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})))),
+      : ln1(register_module("ln1", N(torch::nn::LayerNormOptions({dim})))),
+        ln2(register_module("ln2", N(torch::nn::LayerNormOptions({dim})))),
         attn_in(register_module("attn_in", loom::tp::Prepare())),
         mlp_in(register_module("mlp_in", loom::tp::Prepare())),
         wq(register_module("wq", L(dim, dim))),
@@ -195,9 +202,11 @@ struct BlockImpl : torch::nn::Module {
         wo(register_module("wo", L(dim, dim))),
         w1(register_module("w1", L(dim, 4 * dim))),
         w2(register_module("w2", L(4 * dim, dim))) {}
+  // x may be this rank's part of the sequence (sequence parallel): the
+  // attention sees the whole sequence after attn_in.
   at::Tensor forward(const at::Tensor& x) {
-    const int64_t b = x.size(0), t = x.size(1), hd = dim / heads;
     const at::Tensor h = attn_in(ln1(x));
+    const int64_t b = h.size(0), t = h.size(1), hd = dim / heads;
     auto split = [&](const at::Tensor& y) { return y.view({b, t, local_heads, hd}).transpose(1, 2); };
     const at::Tensor q = split(wq(h)), k = split(wk(h)), v = split(wv(h));
     const at::Tensor mask = at::ones({t, t}, at::kBool).triu(1);
@@ -207,26 +216,39 @@ struct BlockImpl : torch::nn::Module {
     const at::Tensor mid = x + wo(attention);
     return mid + w2(torch::gelu(w1(mlp_in(ln2(mid)))));
   }
-  torch::nn::LayerNorm ln1, ln2;
+  N ln1, ln2;
   loom::tp::Prepare attn_in, mlp_in;
   L wq, wk, wv, wo, w1, w2;
 };
 using Block = torch::nn::ModuleHolder<BlockImpl<true>>;
 using ReferenceBlock = torch::nn::ModuleHolder<BlockImpl<false>>;
 
-int run_block() {
+// sequence: the sequence-parallel plan (the residual stream sharded along
+// the sequence, LayerNorms in sequence-parallel regions).
+int run_block(bool sequence) {
   loom::Fabric<loom::cpu, loom::model_parallel, loom::fp32> fabric(
       {}, loom::model_parallel(loom::model_parallel_options{
-              .parallelize_fn = [](torch::nn::Module& module, loom::comm::device_mesh& mesh) {
+              .parallelize_fn = [sequence](torch::nn::Module& module, loom::comm::device_mesh& mesh) {
                 using loom::tp::colwise_parallel;
+                using loom::tp::prepare_module_input;
                 using loom::tp::rowwise_parallel;
                 const colwise_parallel after_prepare{.input_prepared = true};
-                loom::tp::parallelize_module(module, mesh,
-                                             {{"attn_in", loom::tp::prepare_module_input{}},
-                                              {"wq", after_prepare}, {"wk", after_prepare}, {"wv", after_prepare},
-                                              {"wo", rowwise_parallel{}},
-                                              {"mlp_in", loom::tp::prepare_module_input{}},
-                                              {"w1", after_prepare}, {"w2", rowwise_parallel{}}});
+                if (sequence) {
+                  const prepare_module_input gather{.input_layout = loom::tp::shard(1)};
+                  const rowwise_parallel scatter{.output_layout = loom::tp::shard(1)};
+                  loom::tp::parallelize_module(module, mesh,
+                                               {{"ln1", loom::tp::sequence_parallel{}}, {"attn_in", gather},
+                                                {"wq", after_prepare}, {"wk", after_prepare}, {"wv", after_prepare},
+                                                {"wo", scatter}, {"ln2", loom::tp::sequence_parallel{}},
+                                                {"mlp_in", gather}, {"w1", after_prepare}, {"w2", scatter}});
+                } else {
+                  loom::tp::parallelize_module(module, mesh,
+                                               {{"attn_in", prepare_module_input{}},
+                                                {"wq", after_prepare}, {"wk", after_prepare}, {"wv", after_prepare},
+                                                {"wo", rowwise_parallel{}},
+                                                {"mlp_in", prepare_module_input{}},
+                                                {"w1", after_prepare}, {"w2", rowwise_parallel{}}});
+                }
                 auto& block = dynamic_cast<BlockImpl<true>&>(module);
                 block.local_heads = BlockImpl<true>::heads / mesh.size("tensor_parallel");
               }}));
@@ -243,14 +265,23 @@ int run_block() {
     auto generator = at::detail::createCPUGenerator(300 + step);
     return std::make_pair(at::randn({4, 6, 32}, generator), at::randn({4, 6, 32}, generator));
   };
+  // Sequence parallel: this rank's part of the sequence, in and out. The
+  // loss is the full mean: each rank's sum over its part, over the full count.
+  auto local = [&](const at::Tensor& t) { return sequence ? slice_of(t, 1, r, tp) : t; };
+  auto loss_of = [&](const at::Tensor& out, const at::Tensor& target) {
+    return sequence ? (out - target).pow(2).sum() / static_cast<double>(target.numel() * tp)
+                    : torch::mse_loss(out, target);
+  };
   const auto [x, target] = batch(0);
   const std::uint64_t before = group.collectives_recorded();
-  at::Tensor out = model(x);
+  at::Tensor out = model(local(x));
   const std::uint64_t after_forward = group.collectives_recorded();
-  fabric.backward(torch::mse_loss(out, target));
+  const auto forward_kinds = group.recent_collectives(after_forward - before);
+  fabric.backward(loss_of(out, local(target)));
   const std::uint64_t after_backward = group.collectives_recorded();
-  const at::Tensor expected = reference->forward(x);
-  torch::mse_loss(expected, target).backward();
+  const auto backward_kinds = group.recent_collectives(after_backward - after_forward);
+  const at::Tensor expected = local(reference->forward(x));
+  torch::mse_loss(reference->forward(x), target).backward();
   const double forward_difference = max_difference(out, expected);
   double gradient_difference = 0;
   for (const char* name : {"wq", "wk", "wv", "w1"}) {
@@ -271,17 +302,32 @@ int run_block() {
   }
   LAW_EXPECT(forward_difference < 1e-5, "block forward differs by %.3g", forward_difference);
   LAW_EXPECT(gradient_difference < 1e-5, "block gradients differ by %.3g", gradient_difference);
-  LAW_EXPECT(after_forward - before == 2 && after_backward - after_forward == 2,
-             "a transformer block: %llu collectives in forward, %llu in backward (expected 2 and 2)",
-             static_cast<unsigned long long>(after_forward - before),
-             static_cast<unsigned long long>(after_backward - after_forward));
+  auto count = [](const std::vector<std::string>& kinds, const std::string& prefix) {
+    return std::count_if(kinds.begin(), kinds.end(), [&](const std::string& k) { return k.rfind(prefix, 0) == 0; });
+  };
+  if (!sequence) {
+    LAW_EXPECT(after_forward - before == 2 && after_backward - after_forward == 2 &&
+                   count(forward_kinds, "all_reduce") == 2 && count(backward_kinds, "all_reduce") == 2,
+               "a transformer block: %llu collectives in forward, %llu in backward (expected 2 and 2 all-reduces)",
+               static_cast<unsigned long long>(after_forward - before),
+               static_cast<unsigned long long>(after_backward - after_forward));
+  } else {
+    // Each all-reduce becomes an all-gather and a reduce-scatter; backward
+    // adds the replicated parameters' all-reduces (2 LayerNorms x 2, 2 biases).
+    LAW_EXPECT(count(forward_kinds, "all_gather") == 2 && count(forward_kinds, "reduce_scatter") == 2 &&
+                   forward_kinds.size() == 4,
+               "sequence parallel forward: %zu collectives", forward_kinds.size());
+    LAW_EXPECT(count(backward_kinds, "all_gather") == 2 && count(backward_kinds, "reduce_scatter") == 2 &&
+                   count(backward_kinds, "all_reduce") == 6 && backward_kinds.size() == 10,
+               "sequence parallel backward: %zu collectives", backward_kinds.size());
+  }
   torch::optim::Adam reference_adam(reference->parameters(), torch::optim::AdamOptions(1e-3));
   optimizer.step();
   reference_adam.step();
   for (int step = 1; step < 20; ++step) {
     const auto [xs, ys] = batch(step);
     optimizer.zero_grad();
-    fabric.backward(torch::mse_loss(model(xs), ys));
+    fabric.backward(loss_of(model(local(xs)), local(ys)));
     optimizer.step();
     reference_adam.zero_grad();
     torch::mse_loss(reference->forward(xs), ys).backward();
@@ -293,14 +339,16 @@ int run_block() {
   LAW_EXPECT(trained < 2e-5, "after 20 Adam steps the block's weights differ by %.3g", trained);
   const bool everyone = fabric.reduce_boolean_decision(laws::failures == 0, /*all=*/true);
   if (r == 0) {
-    std::printf("tp block: %lld of %lld heads per rank; forward max diff %.3g, gradients %.3g, collectives forward "
+    std::printf("tp %s: %lld of %lld heads per rank; forward max diff %.3g, gradients %.3g, collectives forward "
                 "%llu backward %llu\n",
-                static_cast<long long>(net->local_heads), static_cast<long long>(BlockImpl<true>::heads),
+                sequence ? "sequence" : "block", static_cast<long long>(net->local_heads),
+                static_cast<long long>(BlockImpl<true>::heads),
                 forward_difference, gradient_difference, static_cast<unsigned long long>(after_forward - before),
                 static_cast<unsigned long long>(after_backward - after_forward));
-    std::printf("law (tp): transformer block, heads split, tensor_parallel=%d: max |tp - single| after 20 Adam steps = "
-                "%.3g\n", tp, trained);
-    std::printf("tp block: world_size=%d %s\n", tp, everyone ? "all checks passed" : "FAILED");
+    std::printf("law (tp): transformer block, heads split%s, tensor_parallel=%d: max |tp - single| after 20 Adam "
+                "steps = %.3g\n", sequence ? ", sequence parallel" : "", tp, trained);
+    std::printf("tp %s: world_size=%d %s\n", sequence ? "sequence" : "block", tp,
+                everyone ? "all checks passed" : "FAILED");
   }
   return laws::failures == 0 ? 0 : 1;
 }
@@ -350,6 +398,43 @@ int run_mesh() {
                 "rank: max |outputs - single| after 20 Adam steps = %.3g\n",
                 static_cast<long long>(half), difference);
     std::printf("tp mesh: world_size=%d %s\n", fabric.world_size(), everyone ? "all checks passed" : "FAILED");
+  }
+  return laws::failures == 0 ? 0 : 1;
+}
+
+// Dropout masks: identical across the group where the activations are
+// replicated (a torch::nn::Dropout, the global generator seeded alike on
+// every rank), independent where they are sharded (sequence_parallel: a
+// generator per rank, from the global seed).
+int run_dropout() {
+  struct TwoImpl : torch::nn::Module {
+    TwoImpl()
+        : replicated(register_module("replicated", loom::tp::Dropout(0.5))),
+          sharded(register_module("sharded", loom::tp::Dropout(0.5))) {}
+    loom::tp::Dropout replicated, sharded;
+  };
+  loom::Fabric<loom::cpu, loom::parallel> fabric({}, loom::parallel());
+  fabric.launch();
+  laws::rank_for_messages = fabric.global_rank();
+  auto two = std::make_shared<TwoImpl>();
+  at::manual_seed(11);
+  loom::tp::parallelize_module(*two, fabric.strategy().group(), {{"sharded", loom::tp::sequence_parallel{}}});
+  const at::Tensor ones = at::ones({4, 64, 16});
+  const at::Tensor a = two->replicated(ones);
+  const at::Tensor b = two->sharded(ones);
+  const at::Tensor gathered_a = fabric.all_gather(a);
+  const at::Tensor gathered_b = fabric.all_gather(b);
+  const bool same_replicated = torch::equal(gathered_a[0], gathered_a[1]);
+  const bool differ_sharded = !torch::equal(gathered_b[0], gathered_b[1]);
+  const double kept = (b != 0).to(at::kDouble).mean().item<double>();
+  LAW_EXPECT(same_replicated, "replicated activations: the masks must agree across the group");
+  LAW_EXPECT(differ_sharded, "sequence-sharded activations: the masks must differ across the group");
+  LAW_EXPECT(std::abs(kept - 0.5) < 0.05, "the sharded dropout kept %.3f of the values (p = 0.5)", kept);
+  const bool everyone = fabric.reduce_boolean_decision(laws::failures == 0, /*all=*/true);
+  if (fabric.is_global_zero()) {
+    std::printf("tp dropout: replicated masks equal across ranks %d, sequence-parallel masks differ %d, kept %.3f\n",
+                same_replicated, differ_sharded, kept);
+    std::printf("tp dropout: world_size=%d %s\n", fabric.world_size(), everyone ? "all checks passed" : "FAILED");
   }
   return laws::failures == 0 ? 0 : 1;
 }
@@ -473,7 +558,9 @@ int main(int argc, char** argv) {
   try {
     if (scenario == "mlp") return run_mlp();
     if (scenario == "embed") return run_embed();
-    if (scenario == "block") return run_block();
+    if (scenario == "block") return run_block(false);
+    if (scenario == "sequence") return run_block(true);
+    if (scenario == "dropout") return run_dropout();
     if (scenario == "mesh") return run_mesh();
     if (scenario == "plan") return run_plan();
   } catch (const std::exception& error) {

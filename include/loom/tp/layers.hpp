@@ -11,8 +11,10 @@
 #include <loom/comm/process_group.hpp>
 #include <loom/tp/style.hpp>
 
+#include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 
 #include <memory>
@@ -28,6 +30,9 @@ at::Tensor linear_forward(const binding& bound, const at::Tensor& input, const a
                           const at::Tensor& bias);
 at::Tensor embedding_forward(const binding& bound, const at::Tensor& input, const at::Tensor& weight);
 at::Tensor prepare_forward(const binding& bound, const at::Tensor& input);
+at::Tensor layer_norm_forward(const binding& bound, const at::Tensor& input, const at::Tensor& weight,
+                              const at::Tensor& bias, const torch::nn::LayerNormOptions& options);
+at::Tensor dropout_forward(const binding& bound, const at::Tensor& input, double p, bool training);
 }  // namespace detail
 
 // What parallelize_module finds among a model's modules (dynamic_cast, once).
@@ -68,6 +73,30 @@ class EmbeddingImpl : public torch::nn::EmbeddingImpl, public layer_marker {
   void parallelize(const std::string& name, const parallel_style& style, const comm::process_group& group) override;
 };
 TORCH_MODULE(Embedding);
+
+// torch::nn::LayerNorm until a plan gives it sequence_parallel.
+class LayerNormImpl : public torch::nn::LayerNormImpl, public layer_marker {
+ public:
+  using torch::nn::LayerNormImpl::LayerNormImpl;
+  at::Tensor forward(const at::Tensor& input) {
+    if (!binding_) return torch::nn::LayerNormImpl::forward(input);
+    return detail::layer_norm_forward(*binding_, input, weight, bias, options);
+  }
+  void parallelize(const std::string& name, const parallel_style& style, const comm::process_group& group) override;
+};
+TORCH_MODULE(LayerNorm);
+
+// torch::nn::Dropout until a plan gives it sequence_parallel (a mask per rank).
+class DropoutImpl : public torch::nn::DropoutImpl, public layer_marker {
+ public:
+  using torch::nn::DropoutImpl::DropoutImpl;
+  at::Tensor forward(const at::Tensor& input) {
+    if (!binding_) return torch::nn::DropoutImpl::forward(input);
+    return detail::dropout_forward(*binding_, input, options.p(), is_training());
+  }
+  void parallelize(const std::string& name, const parallel_style& style, const comm::process_group& group) override;
+};
+TORCH_MODULE(Dropout);
 
 // The identity, until a plan gives it prepare_module_input: a block calls it
 // on its input (LibTorch has no forward pre-hooks to do it for the block).

@@ -16,6 +16,7 @@
 //                     vocabulary; ids outside this rank's range give zeros).
 //   prepare_module_input  the layout conversion at a block's entry, for a
 //                     loom::tp::Prepare the block calls on its input.
+//   sequence_parallel LayerNorm/Dropout on a sequence-sharded input.
 //
 // Every forward collective has its transpose in backward (comm/autograd.hpp).
 #pragma once
@@ -64,7 +65,17 @@ struct prepare_module_input {
   layout desired_input_layout = replicate();
 };
 
-using parallel_style = std::variant<colwise_parallel, rowwise_parallel, prepare_module_input>;
+// For a loom::tp::LayerNorm or loom::tp::Dropout in a sequence-parallel
+// region (PyTorch's SequenceParallel): the input is sharded along
+// sequence_dim, the parameters stay replicated and compute on the local
+// part; their gradients, partial on each rank, are all-reduced over the
+// group (Megatron's rule). Dropout draws a mask per rank (the activations
+// differ), from a generator seeded from the global seed and the rank.
+struct sequence_parallel {
+  std::int64_t sequence_dim = 1;
+};
+
+using parallel_style = std::variant<colwise_parallel, rowwise_parallel, prepare_module_input, sequence_parallel>;
 
 // Submodule names (as named_modules() gives them; '*' matches one path
 // segment, as in "blocks.*.mlp.up") and the style each gets.
