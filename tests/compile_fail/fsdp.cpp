@@ -7,6 +7,10 @@
 
 void case_fsdp_fp64() { loom::Fabric<loom::cpu, loom::fsdp, loom::fp64> fabric; }
 
+// model_parallel takes Lightning's list: 32-true, bf16-mixed, bf16-true (16-true on cuda).
+void case_model_parallel_fp64() { loom::Fabric<loom::cpu, loom::model_parallel, loom::fp64> fabric; }
+void case_model_parallel_fp16_mixed() { loom::Fabric<loom::cpu, loom::model_parallel, loom::fp16_mixed> fabric; }
+
 void case_fsdp_cpu_offload_no_backward_sync() {
   loom::Fabric<loom::cpu, loom::fsdp_cpu_offload> fabric;
   torch::nn::Linear net(2, 2);

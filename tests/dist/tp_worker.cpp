@@ -19,6 +19,7 @@
 //   plan   plans that name a plain torch::nn::Linear, a missing submodule or
 //          an indivisible size are refused with a sentence.
 // Every rank of the tensor-parallel group sees the same global batch.
+#include "../../bench/memory_probe.hpp"
 #include "strategy_laws.hpp"
 
 #include <torch/nn/functional/activation.h>
@@ -78,7 +79,11 @@ int run_mlp() {
              "the mesh is 1 x %d", tp);
 
   auto reference = seeded<ReferenceMlp>();
+  (void)fabric.strategy().device_mesh();  // the mesh's groups first: what is counted below is the model's
+  auto& counter = loom_bench::install_counting_allocator();
+  const std::int64_t live_before = counter.live();
   auto net = seeded<Mlp>();
+  const std::int64_t full_bytes = counter.live() - live_before;
   // Before the plan, a tp::Linear is a torch::nn::Linear: same initialisation.
   LAW_EXPECT(torch::equal(net->up->weight, reference->up->weight) && torch::equal(net->down->bias, reference->down->bias),
              "tp::Linear starts as torch::nn::Linear with the same seed");
@@ -91,6 +96,12 @@ int run_mlp() {
     const bool sharded = item.key().rfind("up.", 0) == 0 || item.key() == "down.weight";
     (sharded ? sharded_bytes : replicated_bytes) += item.value().numel() * item.value().element_size();
   }
+  // The counting allocator's view: the full model before, this rank's part after.
+  const std::int64_t held_bytes = counter.live() - live_before;
+  LAW_EXPECT(held_bytes == sharded_bytes + replicated_bytes && full_bytes == sharded_bytes * tp + replicated_bytes,
+             "the allocator holds %lld bytes for the model after the plan (expected %lld), %lld before (expected %lld)",
+             static_cast<long long>(held_bytes), static_cast<long long>(sharded_bytes + replicated_bytes),
+             static_cast<long long>(full_bytes), static_cast<long long>(sharded_bytes * tp + replicated_bytes));
   LAW_EXPECT(net->up->weight.numel() * tp == reference->up->weight.numel() &&
                  net->up->bias.numel() * tp == reference->up->bias.numel() &&
                  net->down->weight.numel() * tp == reference->down->weight.numel() &&
@@ -98,9 +109,10 @@ int run_mlp() {
              "column-wise weight and bias and row-wise weight hold 1/%d, the row-wise bias all", tp);
   if (r == 0) {
     std::printf("tp mlp: per rank, sharded parameters %lld bytes (1/%d of %lld), replicated %lld bytes (fc0, "
-                "down.bias, head)\n",
+                "down.bias, head); counting allocator: %lld bytes held after the plan, %lld before\n",
                 static_cast<long long>(sharded_bytes), tp, static_cast<long long>(sharded_bytes * tp),
-                static_cast<long long>(replicated_bytes));
+                static_cast<long long>(replicated_bytes), static_cast<long long>(held_bytes),
+                static_cast<long long>(full_bytes));
   }
 
   // One forward and backward against the reference's, on the same batch.

@@ -20,7 +20,7 @@
   "the strategy does not run on this accelerator (its runs_on_cpu / runs_on_cuda traits say so). Choose another "   \
   "accelerator or strategy."
 #define LOOM_RULE_SHARDED_PRECISION                                                                         \
-  "a sharded strategy (fsdp, deepspeed) takes 32-true, bf16-true and bf16-mixed (16-true on cuda): 64-true is "  \
+  "a sharded strategy (fsdp, deepspeed, model_parallel) takes 32-true, bf16-true and bf16-mixed (16-true on cuda): 64-true is "  \
   "not among Lightning's FSDP precisions, and under 16-mixed only deepspeed scales the loss itself (FSDP would "   \
   "need a gradient scaler whose inf check is reduced over the shards, which loom does not have yet). Use "        \
   "bf16-mixed (loom::bf16_mixed) or 32-true (loom::fp32)."

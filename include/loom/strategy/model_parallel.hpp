@@ -61,6 +61,9 @@ std::optional<double> clip_tensor_parallel(torch::nn::Module& module, const comm
 struct model_parallel : parallel {
   static constexpr std::string_view name = "model_parallel";
   static constexpr bool supports_no_backward_sync = true;
+  // Its parameters live in shards: the sharded strategies' precisions
+  // (32-true, bf16-mixed, bf16-true; 16-true on cuda), as Lightning's list.
+  static constexpr bool is_sharded = true;
 
   // The sharding engine over the data-parallel dimension (null when it has one rank).
   using module_state = std::shared_ptr<detail::fsdp_engine>;
