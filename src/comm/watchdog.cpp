@@ -72,6 +72,22 @@ std::string desync_sentence(const group_watch& group, int peer, const collective
          " (every rank must issue the same collectives in the same order)";
 }
 
+// A peer's latest record, if one reached this rank and reads as one.
+std::optional<peer_record> record_of(group_watch& group, int peer) {
+  const auto text = group.exchange->record_of(peer);
+  return text ? decode_record(*text) : std::nullopt;
+}
+
+// The desync sentence, when the peer's record disagrees with this rank's
+// recent entries at some sequence number.
+std::optional<std::string> desync_with(const group_watch& group, int peer, const std::vector<collective_entry>& mine,
+                                       const peer_record& record) {
+  if (auto mismatch = first_mismatch(mine, record.entries)) {
+    return desync_sentence(group, peer, mismatch->first, mismatch->second);
+  }
+  return std::nullopt;
+}
+
 class watchdog_thread {
  public:
   static watchdog_thread& instance() {
@@ -148,12 +164,9 @@ class watchdog_thread {
     std::vector<std::string> behind;
     for (int peer = 0; peer < group.size; ++peer) {
       if (peer == group.rank) continue;
-      const auto text = group.exchange->record_of(peer);
-      const auto record = text ? decode_record(*text) : std::nullopt;
+      const auto record = record_of(group, peer);
       if (record) {
-        if (auto mismatch = first_mismatch(mine, record->entries)) {
-          decide(group, desync_sentence(group, peer, mismatch->first, mismatch->second));
-        }
+        if (auto desync = desync_with(group, peer, mine, *record)) decide(group, *desync);
         if (record->entered >= entered || record->paused) continue;
       }
       std::string who = "rank " + std::to_string(global_rank(group, peer));
@@ -263,12 +276,9 @@ std::optional<std::string> explain_desync(group_watch& group, std::chrono::milli
       bool waiting = false;
       for (int peer = 0; peer < group.size; ++peer) {
         if (peer == group.rank) continue;
-        const auto text = group.exchange->record_of(peer);
-        const auto record = text ? decode_record(*text) : std::nullopt;
+        const auto record = record_of(group, peer);
         if (record) {
-          if (auto mismatch = first_mismatch(mine, record->entries)) {
-            return desync_sentence(group, peer, mismatch->first, mismatch->second);
-          }
+          if (auto desync = desync_with(group, peer, mine, *record)) return desync;
         }
         if (!record || record->entered < group.recorder->entered()) waiting = true;
       }

@@ -82,24 +82,34 @@ sed -n 's/^\(loom watchdog: .*\)/  message: \1/p' "$WORK/stuck_1" | head -n 1
 sed -n 's/^\(loom-run: .*\)/  \1/p' "$WORK/stuck_1"
 expect_no_leftovers "after the stopped-rank trials"
 
-# The same under torchrun: its own teardown ends the stopped rank (SIGTERM
-# stays pending on a stopped process; torchrun sends SIGKILL after its 30 s
-# grace), so its bound is longer; the message comes within the watchdog's.
-if [ -x "$TORCHRUN" ]; then
-  out="$WORK/torchrun"
-  "$TORCHRUN" --standalone --nproc_per_node 2 --no_python "$WATCHDOG" train "$MARK" > "$out" 2>&1 &
+# stop_rank_under NAME BOUND_MS WHAT -- LAUNCHER...: starts 2 ranks of
+# `train` under LAUNCHER, stops rank 1 once both train, and checks the job
+# ended within BOUND_MS with rank 1 named.
+stop_rank_under() {
+  name=$1 bound=$2 what=$3
+  shift 4
+  out="$WORK/$name"
+  "$@" "$WATCHDOG" train "$MARK" > "$out" 2>&1 &
   launcher=$!
   if wait_started "$out" 2; then
     sleep 0.3
     victim=$(sed -n 's/^rank 1 pid \([0-9]*\) training$/\1/p' "$out")
     kill -STOP "$victim"
     start=$(date +%s%N)
-    wait_bounded "$launcher" 45000
-    stopped_rank_check "kill -STOP of rank 1 under torchrun (its teardown kills the stopped rank)" \
-      "$out" "$victim" 1 45000
+    wait_bounded "$launcher" "$bound"
+    stopped_rank_check "$what" "$out" "$victim" 1 "$bound"
   else
-    fail "torchrun: the ranks did not start"; sed 's/^/    /' "$out" | head -n 20
+    fail "$name: the ranks did not start"; sed 's/^/    /' "$out" | head -n 20
   fi
+  pkill -9 -f "$WATCHDOG train $MARK" 2>/dev/null
+}
+
+# The same under torchrun: its own teardown ends the stopped rank (SIGTERM
+# stays pending on a stopped process; torchrun sends SIGKILL after its 30 s
+# grace), so its bound is longer; the message comes within the watchdog's.
+if [ -x "$TORCHRUN" ]; then
+  stop_rank_under torchrun 45000 "kill -STOP of rank 1 under torchrun (its teardown kills the stopped rank)" -- \
+    "$TORCHRUN" --standalone --nproc_per_node 2 --no_python
   expect_no_leftovers "torchrun"
 else
   echo "SKIP torchrun: $TORCHRUN not found (it lives in ../shared/tools)"
@@ -108,22 +118,9 @@ fi
 # The MPI group has no store: the records travel over a duplicated
 # communicator, and the job ends with MPI_Abort.
 if [ "$WITH_MPI" = mpi ]; then
-  out="$WORK/mpirun"
-  mpirun --allow-run-as-root --oversubscribe -x LOOM_TEST_BACKEND=mpi -x LOOM_TEST_COLLECTIVE_S \
-    -x MASTER_ADDR=192.0.2.1 -x MASTER_PORT=9 -n 2 "$WATCHDOG" train "$MARK" > "$out" 2>&1 &
-  launcher=$!
-  if wait_started "$out" 2; then
-    sleep 0.3
-    victim=$(sed -n 's/^rank 1 pid \([0-9]*\) training$/\1/p' "$out")
-    kill -STOP "$victim"
-    start=$(date +%s%N)
-    wait_bounded "$launcher" 30000
-    stopped_rank_check "kill -STOP of rank 1 under mpirun, on the MPI group (MPI_Abort ends the job)" \
-      "$out" "$victim" 1 "$BOUND_MS"
-  else
-    fail "mpirun: the ranks did not start"; sed 's/^/    /' "$out" | head -n 20
-  fi
-  pkill -9 -f "$WATCHDOG train $MARK" 2>/dev/null
+  stop_rank_under mpirun "$BOUND_MS" "kill -STOP of rank 1 under mpirun, on the MPI group (MPI_Abort ends the job)" -- \
+    mpirun --allow-run-as-root --oversubscribe -x LOOM_TEST_BACKEND=mpi -x LOOM_TEST_COLLECTIVE_S \
+    -x MASTER_ADDR=192.0.2.1 -x MASTER_PORT=9 -n 2
 fi
 
 # Desynchronised collectives: both ops named, every rank ends.

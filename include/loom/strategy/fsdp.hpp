@@ -57,24 +57,14 @@ struct fsdp : parallel {
 
   template <class Forward>
   auto forward(module_state& engine, torch::nn::Module& /*module*/, Forward&& run) {
-    engine->root_pre_forward();
-    auto output = std::forward<Forward>(run)();
-    for_each_tensor(output, [&engine](const at::Tensor& t) { engine->root_watch_output(t); });
-    engine->root_post_forward();
-    return output;
+    return detail::forward_through(*engine, std::forward<Forward>(run));
   }
 
   fsdp_no_sync_guard no_backward_sync(module_state& engine, bool enabled = true) {
     return fsdp_no_sync_guard(*engine, enabled);
   }
 
-  // Gradients set to none (torch 2.x's default): the next reduction writes
-  // the shard instead of adding to it.
-  void zero_grad(torch::optim::Optimizer& optimizer) {
-    for (auto& group : optimizer.param_groups()) {
-      for (auto& parameter : group.params()) parameter.mutable_grad().reset();
-    }
-  }
+  void zero_grad(torch::optim::Optimizer& optimizer) { detail::zero_grad_to_none(optimizer); }
 
   // The norm over every rank's gradient shards: the single-device norm.
   template <class State>

@@ -11,9 +11,11 @@
 #include <loom/checkpoint/io.hpp>
 #include <loom/comm/process_group.hpp>
 #include <loom/strategy/fsdp_options.hpp>
+#include <loom/util/apply_to_collection.hpp>
 #include <loom/util/clip_options.hpp>
 
 #include <ATen/core/Tensor.h>
+#include <torch/optim/optimizer.h>
 
 #include <cstdint>
 #include <functional>
@@ -135,5 +137,25 @@ class fsdp_engine {
  private:
   std::unique_ptr<impl> impl_;
 };
+
+// A set-up module's forward under the engine: the root unit gathered around
+// it, its outputs watched for the backward (fsdp and model_parallel's
+// data-parallel dimension).
+template <class Forward>
+auto forward_through(fsdp_engine& engine, Forward&& run) {
+  engine.root_pre_forward();
+  auto output = std::forward<Forward>(run)();
+  for_each_tensor(output, [&engine](const at::Tensor& t) { engine.root_watch_output(t); });
+  engine.root_post_forward();
+  return output;
+}
+
+// Gradients set to none (torch 2.x's default): the engine's next reduction
+// writes the shard instead of adding to it.
+inline void zero_grad_to_none(torch::optim::Optimizer& optimizer) {
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& parameter : group.params()) parameter.mutable_grad().reset();
+  }
+}
 
 }  // namespace loom::detail

@@ -117,11 +117,7 @@ struct model_parallel : parallel {
   template <class Forward>
   auto forward(module_state& engine, torch::nn::Module& /*module*/, Forward&& run) {
     if (!engine) return std::forward<Forward>(run)();
-    engine->root_pre_forward();
-    auto output = std::forward<Forward>(run)();
-    for_each_tensor(output, [&engine](const at::Tensor& t) { engine->root_watch_output(t); });
-    engine->root_post_forward();
-    return output;
+    return detail::forward_through(*engine, std::forward<Forward>(run));
   }
 
   // Tensor parallel has nothing to skip; the data-parallel engine defers its
@@ -137,11 +133,7 @@ struct model_parallel : parallel {
   };
   no_sync no_backward_sync(module_state& engine, bool enabled = true) { return no_sync(engine.get(), enabled); }
 
-  void zero_grad(torch::optim::Optimizer& optimizer) {
-    for (auto& group : optimizer.param_groups()) {
-      for (auto& parameter : group.params()) parameter.mutable_grad().reset();
-    }
-  }
+  void zero_grad(torch::optim::Optimizer& optimizer) { detail::zero_grad_to_none(optimizer); }
 
   template <class State>
   std::optional<double> clip_gradients(State& engine, torch::nn::Module& module, const clip_options& options) {
