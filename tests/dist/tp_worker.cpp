@@ -20,6 +20,7 @@
 //          an indivisible size are refused with a sentence.
 // Every rank of the tensor-parallel group sees the same global batch.
 #include "../../bench/memory_probe.hpp"
+#include "../../bench/tp_block.hpp"
 #include "strategy_laws.hpp"
 
 #include <torch/nn/functional/activation.h>
@@ -193,47 +194,17 @@ int run_mlp() {
   return laws::failures == 0 ? 0 : 1;
 }
 
-// A transformer block (pre-norm attention with causal mask, then an MLP),
-// attention heads split over the group: wq, wk, wv and w1 column-wise after a
+// A transformer block (bench/tp_block.hpp: pre-norm causal attention, then an
+// MLP), 4 heads split over the group: wq, wk, wv and w1 column-wise after a
 // Prepare (one gradient all-reduce each for attention and MLP), wo and w2
 // row-wise (one all-reduce each): 2 collectives in forward, 2 in backward.
-template <bool Parallel>
-struct BlockImpl : torch::nn::Module {
-  using L = std::conditional_t<Parallel, loom::tp::Linear, torch::nn::Linear>;
-  using N = std::conditional_t<Parallel, loom::tp::LayerNorm, torch::nn::LayerNorm>;
-  static constexpr int64_t dim = 32, heads = 4;
-  int64_t local_heads = heads;  // parallelize_fn divides it by the group size
-  BlockImpl()
-      : ln1(register_module("ln1", N(torch::nn::LayerNormOptions({dim})))),
-        ln2(register_module("ln2", N(torch::nn::LayerNormOptions({dim})))),
-        attn_in(register_module("attn_in", loom::tp::Prepare())),
-        mlp_in(register_module("mlp_in", loom::tp::Prepare())),
-        wq(register_module("wq", L(dim, dim))),
-        wk(register_module("wk", L(dim, dim))),
-        wv(register_module("wv", L(dim, dim))),
-        wo(register_module("wo", L(dim, dim))),
-        w1(register_module("w1", L(dim, 4 * dim))),
-        w2(register_module("w2", L(4 * dim, dim))) {}
-  // x may be this rank's part of the sequence (sequence parallel): the
-  // attention sees the whole sequence after attn_in.
-  at::Tensor forward(const at::Tensor& x) {
-    const at::Tensor h = attn_in(ln1(x));
-    const int64_t b = h.size(0), t = h.size(1), hd = dim / heads;
-    auto split = [&](const at::Tensor& y) { return y.view({b, t, local_heads, hd}).transpose(1, 2); };
-    const at::Tensor q = split(wq(h)), k = split(wk(h)), v = split(wv(h));
-    const at::Tensor mask = at::ones({t, t}, at::kBool).triu(1);
-    const at::Tensor scores = at::matmul(q, k.transpose(-2, -1)).div(std::sqrt(static_cast<double>(hd)));
-    const at::Tensor attention =
-        at::matmul(at::softmax(scores.masked_fill(mask, -1e9), -1), v).transpose(1, 2).reshape({b, t, local_heads * hd});
-    const at::Tensor mid = x + wo(attention);
-    return mid + w2(torch::gelu(w1(mlp_in(ln2(mid)))));
-  }
-  N ln1, ln2;
-  loom::tp::Prepare attn_in, mlp_in;
-  L wq, wk, wv, wo, w1, w2;
-};
-using Block = torch::nn::ModuleHolder<BlockImpl<true>>;
-using ReferenceBlock = torch::nn::ModuleHolder<BlockImpl<false>>;
+using Block = torch::nn::ModuleHolder<loom_bench::TpBlockImpl<true>>;
+using ReferenceBlock = torch::nn::ModuleHolder<loom_bench::TpBlockImpl<false>>;
+template <class M>
+M seeded_block() {
+  at::manual_seed(7);
+  return M(32, 4, 128);
+}
 
 // sequence: the sequence-parallel plan (the residual stream sharded along
 // the sequence, LayerNorms in sequence-parallel regions).
@@ -241,35 +212,14 @@ int run_block(bool sequence) {
   loom::Fabric<loom::cpu, loom::model_parallel, loom::fp32> fabric(
       {}, loom::model_parallel(loom::model_parallel_options{
               .parallelize_fn = [sequence](torch::nn::Module& module, loom::comm::device_mesh& mesh) {
-                using loom::tp::colwise_parallel;
-                using loom::tp::prepare_module_input;
-                using loom::tp::rowwise_parallel;
-                const colwise_parallel after_prepare{.input_prepared = true};
-                if (sequence) {
-                  const prepare_module_input gather{.input_layout = loom::tp::shard(1)};
-                  const rowwise_parallel scatter{.output_layout = loom::tp::shard(1)};
-                  loom::tp::parallelize_module(module, mesh,
-                                               {{"ln1", loom::tp::sequence_parallel{}}, {"attn_in", gather},
-                                                {"wq", after_prepare}, {"wk", after_prepare}, {"wv", after_prepare},
-                                                {"wo", scatter}, {"ln2", loom::tp::sequence_parallel{}},
-                                                {"mlp_in", gather}, {"w1", after_prepare}, {"w2", scatter}});
-                } else {
-                  loom::tp::parallelize_module(module, mesh,
-                                               {{"attn_in", prepare_module_input{}},
-                                                {"wq", after_prepare}, {"wk", after_prepare}, {"wv", after_prepare},
-                                                {"wo", rowwise_parallel{}},
-                                                {"mlp_in", prepare_module_input{}},
-                                                {"w1", after_prepare}, {"w2", rowwise_parallel{}}});
-                }
-                auto& block = dynamic_cast<BlockImpl<true>&>(module);
-                block.local_heads = BlockImpl<true>::heads / mesh.size("tensor_parallel");
+                loom_bench::parallelize_block(module, mesh, sequence);
               }}));
   fabric.launch();
   const int r = fabric.global_rank();
   const int tp = fabric.world_size();
   laws::rank_for_messages = r;
-  auto reference = seeded<ReferenceBlock>();
-  auto net = seeded<Block>();
+  auto reference = seeded_block<ReferenceBlock>();
+  auto net = seeded_block<Block>();
   torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-3));
   auto [model, optimizer] = fabric.setup(net, adam);
   loom::comm::process_group& group = fabric.strategy().device_mesh().group("tensor_parallel");
@@ -354,7 +304,7 @@ int run_block(bool sequence) {
     std::printf("tp %s: %lld of %lld heads per rank; forward max diff %.3g, gradients %.3g, collectives forward "
                 "%llu backward %llu\n",
                 sequence ? "sequence" : "block", static_cast<long long>(net->local_heads),
-                static_cast<long long>(BlockImpl<true>::heads),
+                static_cast<long long>(net->heads),
                 forward_difference, gradient_difference, static_cast<unsigned long long>(after_forward - before),
                 static_cast<unsigned long long>(after_backward - after_forward));
     std::printf("law (tp): transformer block, heads split%s, tensor_parallel=%d: max |tp - single| after 20 Adam "
