@@ -65,50 +65,43 @@ stopped_rank_check() {
   fi
 }
 
-# Under loom-run, 3 ranks: rank 1 is stopped at a different moment each trial.
-for trial in $(seq 1 "$TRIALS"); do
-  out="$WORK/stuck_$trial"
-  "$LOOM_RUN" --devices 3 "$WATCHDOG" train "$MARK" > "$out" 2>&1 &
-  launcher=$!
-  wait_started "$out" 3 || fail "trial $trial: the ranks did not start"
-  sleep "0.$(( (trial * 37) % 10 ))"
-  victim=$(sed -n 's/^rank 1 pid \([0-9]*\) training$/\1/p' "$out")
-  kill -STOP "$victim"
-  start=$(date +%s%N)
-  wait_bounded "$launcher" "$BOUND_MS"
-  stopped_rank_check "kill -STOP of rank 1 under loom-run, trial $trial of $TRIALS" "$out" "$victim" 2 "$BOUND_MS"
-done
-sed -n 's/^\(loom watchdog: .*\)/  message: \1/p' "$WORK/stuck_1" | head -n 1
-sed -n 's/^\(loom-run: .*\)/  \1/p' "$WORK/stuck_1"
-expect_no_leftovers "after the stopped-rank trials"
-
-# stop_rank_under NAME BOUND_MS WHAT -- LAUNCHER...: starts 2 ranks of
-# `train` under LAUNCHER, stops rank 1 once both train, and checks the job
-# ended within BOUND_MS with rank 1 named.
+# stop_rank_under NAME BOUND_MS RANKS PAUSE WHAT -- LAUNCHER...: starts RANKS
+# ranks of `train` under LAUNCHER, stops rank 1 PAUSE seconds after all
+# train, and checks the job ended within BOUND_MS with rank 1 named by every
+# live rank.
 stop_rank_under() {
-  name=$1 bound=$2 what=$3
-  shift 4
+  name=$1 bound=$2 ranks=$3 pause=$4 what=$5
+  shift 6
   out="$WORK/$name"
   "$@" "$WATCHDOG" train "$MARK" > "$out" 2>&1 &
   launcher=$!
-  if wait_started "$out" 2; then
-    sleep 0.3
+  if wait_started "$out" "$ranks"; then
+    sleep "$pause"
     victim=$(sed -n 's/^rank 1 pid \([0-9]*\) training$/\1/p' "$out")
     kill -STOP "$victim"
     start=$(date +%s%N)
     wait_bounded "$launcher" "$bound"
-    stopped_rank_check "$what" "$out" "$victim" 1 "$bound"
+    stopped_rank_check "$what" "$out" "$victim" $((ranks - 1)) "$bound"
   else
     fail "$name: the ranks did not start"; sed 's/^/    /' "$out" | head -n 20
   fi
   pkill -9 -f "$WATCHDOG train $MARK" 2>/dev/null
 }
 
+# Under loom-run, 3 ranks: rank 1 is stopped at a different moment each trial.
+for trial in $(seq 1 "$TRIALS"); do
+  stop_rank_under "stuck_$trial" "$BOUND_MS" 3 "0.$(( (trial * 37) % 10 ))" \
+    "kill -STOP of rank 1 under loom-run, trial $trial of $TRIALS" -- "$LOOM_RUN" --devices 3
+done
+sed -n 's/^\(loom watchdog: .*\)/  message: \1/p' "$WORK/stuck_1" | head -n 1
+sed -n 's/^\(loom-run: .*\)/  \1/p' "$WORK/stuck_1"
+expect_no_leftovers "after the stopped-rank trials"
+
 # The same under torchrun: its own teardown ends the stopped rank (SIGTERM
 # stays pending on a stopped process; torchrun sends SIGKILL after its 30 s
 # grace), so its bound is longer; the message comes within the watchdog's.
 if [ -x "$TORCHRUN" ]; then
-  stop_rank_under torchrun 45000 "kill -STOP of rank 1 under torchrun (its teardown kills the stopped rank)" -- \
+  stop_rank_under torchrun 45000 2 0.3 "kill -STOP of rank 1 under torchrun (its teardown kills the stopped rank)" -- \
     "$TORCHRUN" --standalone --nproc_per_node 2 --no_python
   expect_no_leftovers "torchrun"
 else
@@ -118,7 +111,7 @@ fi
 # The MPI group has no store: the records travel over a duplicated
 # communicator, and the job ends with MPI_Abort.
 if [ "$WITH_MPI" = mpi ]; then
-  stop_rank_under mpirun "$BOUND_MS" "kill -STOP of rank 1 under mpirun, on the MPI group (MPI_Abort ends the job)" -- \
+  stop_rank_under mpirun "$BOUND_MS" 2 0.3 "kill -STOP of rank 1 under mpirun, on the MPI group (MPI_Abort ends the job)" -- \
     mpirun --allow-run-as-root --oversubscribe -x LOOM_TEST_BACKEND=mpi -x LOOM_TEST_COLLECTIVE_S \
     -x MASTER_ADDR=192.0.2.1 -x MASTER_PORT=9 -n 2
 fi
