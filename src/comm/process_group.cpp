@@ -8,6 +8,7 @@
 #include <loom/comm/process_group.hpp>
 #include <loom/compat_c10d.hpp>
 #include <loom/errors.hpp>
+#include <loom/launch/process_state.hpp>
 
 #if defined(LOOM_WITH_MPI)
 #include "mpi_backend.hpp"
@@ -49,20 +50,9 @@ std::string hostname() {
 }
 
 // Whether process pid on this host has exited (gone, or a zombie not yet reaped).
-// Plain read(2): the process may vanish between open and read (ESRCH), which
-// std::ifstream would turn into an exception of its own.
 bool process_gone(long pid) {
-  const std::string path = "/proc/" + std::to_string(pid) + "/stat";
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return true;
-  char buffer[512];
-  const ssize_t size = ::read(fd, buffer, sizeof(buffer));
-  ::close(fd);
-  if (size <= 0) return true;
-  const std::string_view text(buffer, static_cast<std::size_t>(size));
-  const auto close = text.rfind(')');
-  return close != std::string_view::npos && close + 2 < text.size() &&
-         (text[close + 2] == 'Z' || text[close + 2] == 'X');
+  const char state = launch::process_state(pid);
+  return state == '\0' || state == 'Z' || state == 'X';
 }
 
 // Gloo writes to its peers' sockets; a write to a peer that died raises

@@ -1,4 +1,5 @@
 #include <loom/errors.hpp>
+#include <loom/launch/process_state.hpp>
 #include <loom/launch/supervisor.hpp>
 
 #include <fcntl.h>
@@ -101,12 +102,10 @@ pid_t supervisor::start(int local_rank, const std::vector<std::string>& argv, co
 }
 
 namespace {
-// Whether pid is stopped by a signal ('T') or traced ('t'), from /proc.
+// Whether pid is stopped by a signal ('T') or traced ('t').
 bool is_stopped(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const auto close = text.rfind(')');
-  return close != std::string::npos && close + 2 < text.size() && (text[close + 2] == 'T' || text[close + 2] == 't');
+  const char state = process_state(pid);
+  return state == 'T' || state == 't';
 }
 }  // namespace
 
