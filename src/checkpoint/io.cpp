@@ -64,6 +64,17 @@ c10::IValue metadata_value(const checkpoint_metadata& metadata) {
       shards.insert(name, item);
     }
     meta.insert("shards", shards);
+    // name -> [dim, part, parts] of the tensor-parallel chunk the range is in
+    c10::impl::GenericDict chunks(c10::StringType::get(), c10::AnyType::get());
+    for (const auto& [name, range] : metadata.shards) {
+      if (range.dim < 0) continue;
+      c10::impl::GenericList item(c10::AnyType::get());
+      item.push_back(range.dim);
+      item.push_back(range.part);
+      item.push_back(range.parts);
+      chunks.insert(name, item);
+    }
+    if (!chunks.empty()) meta.insert("tensor_parallel", chunks);
   }
   return meta;
 }
@@ -289,6 +300,25 @@ checkpoint_contents detail::parse_checkpoint(const std::vector<char>& bytes, con
       shard_range range{list[0].toInt(), list[1].toInt(), {}};
       for (std::size_t d = 2; d < list.size(); ++d) range.shape.push_back(list[d].toInt());
       contents.metadata.shards[item.key().toStringRef()] = range;
+    }
+  }
+  if (auto chunks = dict.find("tensor_parallel"); chunks != dict.end() && chunks->value().isGenericDict()) {
+    for (const auto& item : chunks->value().toGenericDict()) {
+      auto range = contents.metadata.shards.find(item.key().toStringRef());
+      if (range == contents.metadata.shards.end() || !item.value().isList() || item.value().toListRef().size() != 3) {
+        fail_checkpoint(path, "has a malformed tensor-parallel chunk for '" + item.key().toStringRef() + "'");
+      }
+      const auto& list = item.value().toListRef();
+      range->second.dim = list[0].toInt();
+      range->second.part = list[1].toInt();
+      range->second.parts = list[2].toInt();
+      const auto& shape = range->second.shape;
+      if (range->second.dim >= static_cast<std::int64_t>(shape.size()) || range->second.parts < 1 ||
+          range->second.part < 0 || range->second.part >= range->second.parts ||
+          shape[static_cast<std::size_t>(range->second.dim)] % range->second.parts != 0) {
+        fail_checkpoint(path, "has a tensor-parallel chunk for '" + item.key().toStringRef() +
+                                  "' that does not divide its shape");
+      }
     }
   }
   (void)contents.entries.erase(metadata_key);

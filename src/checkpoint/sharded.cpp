@@ -42,6 +42,7 @@ std::string rank_file(std::int64_t rank, std::int64_t world) {
 struct piece {
   std::int64_t begin = 0, end = 0;
   at::Tensor values;
+  std::int64_t part = 0;  // the tensor-parallel chunk it is in
 };
 
 // One tensor from the slices the ranks hold, in range order; replicas (the
@@ -55,7 +56,9 @@ at::Tensor concatenate(std::vector<piece> pieces, const shard_range& range, cons
   std::vector<at::Tensor> parts;
   std::int64_t covered = 0;
   for (const auto& p : pieces) {
-    if (p.end <= covered) continue;  // a replica, or empty
+    // A replica, or empty (a parameter wholly in another rank's part of its
+    // unit: its range then starts wherever this rank's part does).
+    if (p.end <= covered || p.begin == p.end) continue;
     if (p.begin != covered) {
       fail_checkpoint(path, "the shards of " + what + " do not tile it: elements " + std::to_string(covered) +
                                 " to " + std::to_string(p.begin) + " are in no rank's file");
@@ -73,6 +76,28 @@ at::Tensor concatenate(std::vector<piece> pieces, const shard_range& range, cons
                               std::to_string(numel) + " elements");
   }
   return at::cat(parts).view(range.shape);
+}
+
+// One tensor from the ranks' pieces: each tensor-parallel chunk concatenated
+// from its pieces, then the chunks along their dimension.
+at::Tensor assemble(std::vector<piece> pieces, const shard_range& range, const std::string& what,
+                    const std::string& path) {
+  if (range.dim < 0) return concatenate(std::move(pieces), range, what, path);
+  shard_range chunk = range;
+  chunk.shape[static_cast<std::size_t>(range.dim)] /= range.parts;
+  std::vector<at::Tensor> chunks;
+  for (std::int64_t part = 0; part < range.parts; ++part) {
+    std::vector<piece> mine;
+    for (auto& p : pieces) {
+      if (p.part == part) mine.push_back(p);
+    }
+    if (mine.empty()) {
+      fail_checkpoint(path, "no rank's file holds tensor-parallel chunk " + std::to_string(part) + " of " +
+                                std::to_string(range.parts) + " of " + what);
+    }
+    chunks.push_back(concatenate(std::move(mine), chunk, what + " (chunk " + std::to_string(part) + ")", path));
+  }
+  return at::cat(chunks, range.dim);
 }
 
 bool is_optimizer_dict(const c10::IValue& value) {
@@ -102,9 +127,15 @@ checkpoint_contents detail::merge_shards(std::vector<checkpoint_contents>& ranks
       }
       const c10::IValue value = find(rank);
       if (!value.isTensor()) fail_checkpoint(path, what + " is missing from rank " + std::to_string(rank.metadata.global_rank) + "'s file");
-      pieces.push_back({found->second.begin, found->second.end, value.toTensor()});
+      const shard_range& expected = layout.at(name);
+      if (found->second.dim != expected.dim || found->second.parts != expected.parts ||
+          found->second.shape != expected.shape) {
+        fail_checkpoint(path, "rank " + std::to_string(rank.metadata.global_rank) + "'s file splits '" + name +
+                                  "' differently from rank 0's");
+      }
+      pieces.push_back({found->second.begin, found->second.end, value.toTensor(), found->second.part});
     }
-    return concatenate(std::move(pieces), layout.at(name), what, path);
+    return assemble(std::move(pieces), layout.at(name), what, path);
   };
   auto entry_of = [](const checkpoint_contents& rank, const std::string& entry) {
     auto found = rank.entries.find(entry);
@@ -127,7 +158,9 @@ checkpoint_contents detail::merge_shards(std::vector<checkpoint_contents>& ranks
         auto fields = per.value().toGenericDict().copy();
         for (const auto& field : per.value().toGenericDict()) {
           const std::string key = field.key().toStringRef();
-          if (!field.value().isTensor() || field.value().toTensor().dim() != 1 ||
+          // The parameter's slice, flat (sharded engines) or shaped (a
+          // tensor-parallel chunk kept whole); scalars (step) are kept.
+          if (!field.value().isTensor() || field.value().toTensor().dim() == 0 ||
               field.value().toTensor().numel() != range->second.end - range->second.begin) {
             continue;
           }

@@ -284,6 +284,22 @@ const state_entry* state::find(std::string_view name) const {
   return nullptr;
 }
 
+std::vector<torch::optim::Optimizer*> state::optimizers() const {
+  std::vector<torch::optim::Optimizer*> out;
+  for (const auto& entry : entries_) {
+    if (auto* optimizer = entry.io().optimizer()) out.push_back(optimizer);
+  }
+  return out;
+}
+
+std::vector<const torch::nn::Module*> state::modules() const {
+  std::vector<const torch::nn::Module*> out;
+  for (const auto& entry : entries_) {
+    if (const auto* module = entry.io().module()) out.push_back(module);
+  }
+  return out;
+}
+
 std::vector<std::string> state::names() const {
   std::vector<std::string> out;
   for (const auto& entry : entries_) out.push_back(entry.name());

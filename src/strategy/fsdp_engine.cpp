@@ -990,7 +990,9 @@ void fsdp_engine::with_full_state(std::vector<torch::optim::Optimizer*> optimize
         auto found = where.find(param.unsafeGetTensorImpl());
         if (found == where.end() || !value.defined()) return;
         const unit_parameter& p = *found->second.second;
-        if (value.numel() != p.numel || p.numel == p.shard_view.numel()) return;
+        // Full-sized (the parameter's shape; a rank whose part holds the
+        // whole parameter too: its shard view is flat).
+        if (value.numel() != p.numel || value.sizes() == p.shard_view.sizes()) return;
         value = p.shard_view.numel() == 0
                     ? at::empty({0}, value.options())
                     : value.reshape({-1}).narrow(0, p.local_offset - p.offset, p.shard_view.numel()).clone();
@@ -1005,6 +1007,51 @@ void fsdp_engine::with_full_state(std::vector<torch::optim::Optimizer*> optimize
   }
   restore(write_back);
   pinned_shards.written = write_back;
+}
+
+namespace {
+void nest_full_state(const std::vector<std::shared_ptr<fsdp_engine>>& live, std::size_t k,
+                     const std::vector<torch::optim::Optimizer*>& optimizers, bool write_back, int root,
+                     const std::function<void()>& body) {
+  if (k == live.size()) {
+    body();
+    return;
+  }
+  live[k]->with_full_state(
+      optimizers, [&] { nest_full_state(live, k + 1, optimizers, write_back, root, body); }, write_back, root);
+}
+}  // namespace
+
+void with_full_engines(const std::vector<std::weak_ptr<fsdp_engine>>& engines,
+                       const std::vector<torch::optim::Optimizer*>& optimizers, bool write_back, int root,
+                       const std::function<void()>& body) {
+  std::vector<std::shared_ptr<fsdp_engine>> live;
+  for (const auto& weak : engines) {
+    if (auto engine = weak.lock()) live.push_back(std::move(engine));
+  }
+  nest_full_state(live, 0, optimizers, write_back, root, body);
+}
+
+shard_layout sharded_save_layout(const state& checkpoint, const std::vector<std::weak_ptr<fsdp_engine>>& engines,
+                                 std::string_view strategy) {
+  shard_layout layout;
+  for (const auto& entry : checkpoint.entries()) {
+    if (auto* optimizer = entry.io().optimizer(); optimizer && !fsdp_engine::knows_state_layout(*optimizer)) {
+      throw configuration_error(std::string(strategy) + ": '" + entry.name() +
+                                "' is an optimizer whose state loom cannot slice (SGD, Adam, AdamW, RMSprop and "
+                                "Adagrad are known); a sharded save could not be resharded or consolidated");
+    }
+    const torch::nn::Module* module = entry.io().module();
+    if (module == nullptr) continue;
+    for (const auto& item : module->named_parameters()) {
+      for (const auto& weak : engines) {
+        auto engine = weak.lock();
+        if (!engine) continue;
+        if (auto range = engine->shard_of(item.value())) layout[item.key()] = *range;
+      }
+    }
+  }
+  return layout;
 }
 
 std::optional<shard_range> fsdp_engine::shard_of(const at::Tensor& parameter) const {

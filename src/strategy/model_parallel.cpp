@@ -1,4 +1,5 @@
-// model_parallel's compiled parts: the mesh's sizes and clipping over shards.
+// model_parallel's compiled parts: the mesh's sizes, clipping over shards and
+// the distributed checkpoint's layout.
 #include <loom/strategy/model_parallel.hpp>
 
 #include <ATen/ATen.h>
@@ -20,7 +21,7 @@ std::pair<int, int> model_parallel_sizes(int data_parallel, int tensor_parallel,
 }
 
 std::optional<double> clip_tensor_parallel(torch::nn::Module& module, const comm::process_group& tensor_group,
-                                           const clip_options& options) {
+                                           const comm::process_group* data_group, const clip_options& options) {
   std::vector<at::Tensor> parameters;
   for (const auto& p : module.parameters()) {
     if (p.grad().defined()) parameters.push_back(p);
@@ -30,25 +31,31 @@ std::optional<double> clip_tensor_parallel(torch::nn::Module& module, const comm
     return clip_gradient_values(parameters, options);
   }
   std::unordered_set<const void*> sharded;
-  for (auto* layer : tp::parallelized_layers(module)) {
-    for (const auto& p : layer->sharded_parameters()) sharded.insert(p.unsafeGetTensorImpl());
-  }
+  for (const auto& chunk : tp::sharded_parameters_of(module)) sharded.insert(chunk.parameter.unsafeGetTensorImpl());
   const double p_norm = options.norm_type;
   const bool infinity = std::isinf(p_norm);
   // Sharded parameters: each rank's part of the sum (or max) over the group;
-  // replicated ones: the same on every rank, counted once.
+  // replicated ones: the same on every rank, counted once. Under a
+  // data-parallel engine each gradient is this rank's slice of it.
   double sharded_part = 0, replicated_part = 0;
   for (const auto& p : parameters) {
+    if (p.grad().numel() == 0) continue;
     const at::Tensor g = p.grad().detach().to(at::kDouble);
     const double value = infinity ? g.abs().max().item<double>() : g.abs().pow(p_norm).sum().item<double>();
     double& part = sharded.count(p.unsafeGetTensorImpl()) ? sharded_part : replicated_part;
     part = infinity ? std::max(part, value) : part + value;
   }
+  const reduce_op op = infinity ? reduce_op::max : reduce_op::sum;
+  at::Tensor parts = at::tensor({sharded_part, replicated_part}, at::kDouble);
+  if (data_group != nullptr) {
+    comm::process_group data = *data_group;
+    data.all_reduce(parts, op);
+  }
+  at::Tensor total = parts.narrow(0, 0, 1).clone();
   comm::process_group group = tensor_group;
-  at::Tensor total = at::full({1}, sharded_part, at::kDouble);
-  group.all_reduce(total, infinity ? reduce_op::max : reduce_op::sum);
-  const double combined =
-      infinity ? std::max(total.item<double>(), replicated_part) : total.item<double>() + replicated_part;
+  group.all_reduce(total, op);
+  const double replicated = parts[1].item<double>();
+  const double combined = infinity ? std::max(total.item<double>(), replicated) : total.item<double>() + replicated;
   const double norm = infinity ? combined : std::pow(combined, 1.0 / p_norm);
   if (options.error_if_nonfinite && !std::isfinite(norm)) {
     throw configuration_error("clip_gradients: the total norm of the gradients is " + std::to_string(norm) +
@@ -60,6 +67,27 @@ std::optional<double> clip_tensor_parallel(torch::nn::Module& module, const comm
     for (auto& p : parameters) p.grad().mul_(coefficient);
   }
   return norm;
+}
+
+shard_layout model_parallel_layout(const state& checkpoint, const std::vector<std::weak_ptr<fsdp_engine>>& engines,
+                                   const comm::process_group& tensor_group) {
+  shard_layout layout = sharded_save_layout(checkpoint, engines, "model_parallel");
+  const int parts = tensor_group.size();
+  for (const torch::nn::Module* module : checkpoint.modules()) {
+    for (const auto& chunk : tp::sharded_parameters_of(*module)) {
+      auto found = layout.find(chunk.name);
+      if (found == layout.end()) {
+        // Not sliced by an engine: the whole chunk.
+        found = layout.emplace(chunk.name, shard_range{0, chunk.parameter.numel(), chunk.parameter.sizes().vec()}).first;
+      }
+      shard_range& range = found->second;
+      range.dim = chunk.dim;
+      range.part = tensor_group.rank();
+      range.parts = parts;
+      range.shape[static_cast<std::size_t>(chunk.dim)] *= parts;
+    }
+  }
+  return layout;
 }
 
 }  // namespace loom::detail

@@ -219,15 +219,15 @@ void LinearImpl::parallelize(const std::string& name, const parallel_style& styl
   if (colwise) {
     detail::check_divisible(name, "out_features", weight.size(0), group, style);
     detail::keep_slice(weight, 0, group);
-    sharded_.push_back(weight);
+    sharded_.push_back({weight, 0});
     if (bias.defined()) {
       detail::keep_slice(bias, 0, group);
-      sharded_.push_back(bias);
+      sharded_.push_back({bias, 0});
     }
   } else {
     detail::check_divisible(name, "in_features", weight.size(1), group, style);
     detail::keep_slice(weight, 1, group);
-    sharded_.push_back(weight);
+    sharded_.push_back({weight, 1});
   }
   binding_ = std::make_shared<const detail::binding>(detail::binding{group, style});
 }
@@ -245,7 +245,7 @@ void EmbeddingImpl::parallelize(const std::string& name, const parallel_style& s
   detail::check_divisible(name, colwise ? "embedding_dim" : "num_embeddings (the vocabulary)", weight.size(dim), group,
                           style);
   detail::keep_slice(weight, dim, group);
-  sharded_.push_back(weight);
+  sharded_.push_back({weight, dim});
   binding_ = std::make_shared<const detail::binding>(detail::binding{group, style});
 }
 

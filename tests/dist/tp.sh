@@ -21,7 +21,17 @@ run_tp 2 sequence "tp sequence: world_size=2 all checks passed" \
 run_tp 2 dropout "tp dropout: world_size=2 all checks passed" \
   "dropout masks agree across the group for replicated activations and differ for sequence-sharded ones"
 run_tp 4 mesh "tp mesh: world_size=4 all checks passed" \
-  "a 2 x 2 mesh (FSDP on data parallel 2 x tensor parallel 2) with batch B/2 per data-parallel rank equals single_device with B"
+  "a 2 x 2 mesh (FSDP on data parallel 2 x tensor parallel 2) with batch B/2 per data-parallel rank equals single_device with B, clipping norm included"
+timeout 120 "$LOOM_RUN" --devices 4 "$TP" checkpoint "$WORK" "$MARK" > "$WORK/checkpoint.4" 2>&1 || cat "$WORK/checkpoint.4"
+expect_contains "$WORK/checkpoint.4" "tp checkpoint: world_size=4 all checks passed" \
+  "a 2 x 2 mesh's distributed checkpoint loads on 2 x 2 and into single_device, and the full one into single_device"
+sed -n 's/^\(law (tp).*\)/  \1/p' "$WORK/checkpoint.4"
+"$LOOM_RUN" consolidate "$WORK/distributed" "$WORK/consolidated.pt" > "$WORK/consolidate" 2>&1 ||
+  { fail "loom-run consolidate exited $?"; cat "$WORK/consolidate"; }
+/usr/bin/python3 "$(dirname "$0")/compare_checkpoints.py" "$WORK/consolidated.pt" "$WORK/full.pt" \
+  > "$WORK/compare" 2>&1 || { fail "consolidated differs from the full save"; cat "$WORK/compare"; }
+expect_contains "$WORK/compare" "entries equal" \
+  "consolidating the 2 x 2 distributed checkpoint equals its full save, tensor for tensor (Python's torch.load)"
 run_tp 2 embed "tp embed: world_size=2 all checks passed" \
   "vocabulary-parallel and column-wise Embeddings equal torch::nn::Embedding (forward, gradients)"
 run_tp 2 plan "tp plan: world_size=2 all checks passed" \

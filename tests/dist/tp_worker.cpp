@@ -13,11 +13,13 @@
 //   dropout   masks agree across the group where activations are replicated
 //          and differ where they are sharded;
 //   mesh   a 2 x 2 mesh, FSDP on the data-parallel dimension, batch B/2 per
-//          data-parallel rank, equals single_device with B (4 ranks);
+//          data-parallel rank, clipped by norm, equals single_device with B
+//          (4 ranks);
 //   embed  a vocabulary-parallel Embedding and a column-wise one: outputs and
 //          gradients;
 //   plan   plans that name a plain torch::nn::Linear, a missing submodule or
-//          an indivisible size are refused with a sentence.
+//          an indivisible size are refused with a sentence;
+//   checkpoint DIR  a 2 x 2 mesh's distributed and full checkpoints.
 // Every rank of the tensor-parallel group sees the same global batch.
 #include "../../bench/memory_probe.hpp"
 #include "../../bench/tp_block.hpp"
@@ -340,16 +342,26 @@ int run_mesh() {
   auto [model, optimizer] = fabric.setup(net, adam);
   torch::optim::Adam reference_adam(reference->parameters(), torch::optim::AdamOptions(1e-2));
   const int64_t half = global_batch / 2;
+  // Every step clips by norm (0.05, below the gradients' norm, so it
+  // scales): sharded gradients summed over both dimensions, replicated ones
+  // over data parallel only.
+  double norm_error = 0;
   for (int step = 0; step < 20; ++step) {
     const at::Tensor x = laws::global_inputs(step), y = laws::global_targets(step);
     optimizer.zero_grad();
     fabric.backward(torch::nn::functional::cross_entropy(model(x.narrow(0, dp * half, half)),
                                                          y.narrow(0, dp * half, half)));
+    const auto norm = fabric.clip_gradients(model, optimizer, loom::clip_options{.max_norm = 0.05});
     optimizer.step();
     reference_adam.zero_grad();
     torch::nn::functional::cross_entropy(reference->forward(x), y).backward();
+    std::vector<at::Tensor> reference_parameters = reference->parameters();
+    const double expected_norm = torch::nn::utils::clip_grad_norm_(reference_parameters, 0.05);
+    norm_error = std::max(norm_error, norm ? std::abs(*norm - expected_norm) / expected_norm : 1.0);
     reference_adam.step();
   }
+  LAW_EXPECT(norm_error < 1e-5, "2 x 2 mesh: the clipping norm differs from single device's by %.3g (relative)",
+             norm_error);
   const at::Tensor probe = laws::global_inputs(99);
   const at::Tensor out = model(probe);
   const double difference = max_difference(out, reference->forward(probe));
@@ -357,9 +369,91 @@ int run_mesh() {
   const bool everyone = fabric.reduce_boolean_decision(laws::failures == 0, /*all=*/true);
   if (r == 0) {
     std::printf("law (tp): 2 x 2 mesh (data parallel 2 with FSDP x tensor parallel 2), batch %lld per data-parallel "
-                "rank: max |outputs - single| after 20 Adam steps = %.3g\n",
-                static_cast<long long>(half), difference);
+                "rank, clipped by norm each step: max |outputs - single| after 20 Adam steps = %.3g, clipping norm "
+                "relative error %.3g\n",
+                static_cast<long long>(half), difference, norm_error);
     std::printf("tp mesh: world_size=%d %s\n", fabric.world_size(), everyone ? "all checks passed" : "FAILED");
+  }
+  return laws::failures == 0 ? 0 : 1;
+}
+
+// Checkpoints of a 2 x 2 mesh (FSDP on data parallel 2 x tensor parallel 2),
+// in `directory`: the distributed save (each rank's chunks, sliced again by
+// the engine) loads into a fresh 2 x 2 model and optimizer, whose outputs
+// equal the saved model's and whose next Adam step equals its next step (the
+// optimizer state came back); the full save and the distributed one both
+// load into single_device with the same outputs. tp.sh then consolidates
+// the distributed one and compares it with the full file.
+int run_checkpoint(const std::string& directory) {
+  loom::Fabric<loom::cpu, loom::model_parallel, loom::fp32> fabric(
+      {}, loom::model_parallel(loom::model_parallel_options{
+              .parallelize_fn = [](torch::nn::Module& module,
+                                   loom::comm::device_mesh& mesh) { loom::tp::parallelize_module(module, mesh, mlp_plan); },
+              .data_parallel_size = 2,
+              .tensor_parallel_size = 2}));
+  fabric.launch();
+  const int r = fabric.global_rank();
+  laws::rank_for_messages = r;
+  const int dp = fabric.strategy().device_mesh().coordinate("data_parallel");
+  const int64_t half = global_batch / 2;
+  auto step_on = [&](auto& model, auto& optimizer, int step) {
+    optimizer.zero_grad();
+    fabric.backward(torch::nn::functional::cross_entropy(model(laws::global_inputs(step).narrow(0, dp * half, half)),
+                                                         laws::global_targets(step).narrow(0, dp * half, half)));
+    optimizer.step();
+  };
+  auto net = seeded<Mlp>();
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
+  auto [model, optimizer] = fabric.setup(net, adam);
+  for (int step = 0; step < 5; ++step) step_on(model, optimizer, step);
+  const std::string distributed = directory + "/distributed";
+  const std::string full = directory + "/full.pt";
+  fabric.save(distributed, {{"model", model}, {"optimizer", optimizer}, {"step", 5}});
+  fabric.strategy().set_save_distributed_checkpoint(false);
+  fabric.save(full, {{"model", model}, {"optimizer", optimizer}, {"step", 5}});
+  fabric.strategy().set_save_distributed_checkpoint(true);
+  LAW_EXPECT(loom::is_sharded_checkpoint(distributed), "the default save wrote a distributed (sharded) directory");
+  const at::Tensor probe = laws::global_inputs(99);
+  const at::Tensor saved_out = model(probe);
+
+  // A fresh model and optimizer on the same mesh (another seed), loaded.
+  at::manual_seed(8);
+  Mlp other;
+  torch::optim::Adam other_adam(other->parameters(), torch::optim::AdamOptions(1e-2));
+  auto [loaded, loaded_optimizer] = fabric.setup(other, other_adam);
+  auto rest = fabric.load(distributed, {{"model", loaded}, {"optimizer", loaded_optimizer}});
+  LAW_EXPECT(rest.get<int>("step") == 5, "the step entry came back as %d", rest.get<int>("step"));
+  const at::Tensor loaded_out = loaded(probe);
+  LAW_EXPECT(torch::equal(loaded_out, saved_out), "the distributed checkpoint loads back: outputs differ by %.3g",
+             max_difference(loaded_out, saved_out));
+  step_on(model, optimizer, 5);
+  step_on(loaded, loaded_optimizer, 5);
+  const double after_step = max_difference(loaded(probe), model(probe));
+  LAW_EXPECT(after_step == 0, "the next Adam step after the load differs by %.3g (optimizer state)", after_step);
+
+  // The full file and the distributed directory into single_device.
+  double single_full = -1, single_distributed = -1;
+  if (r == 0) {
+    auto single = laws::outside_launcher<loom::Fabric<loom::cpu, loom::single_device>>();
+    for (const std::string& path : {full, distributed}) {
+      at::manual_seed(9);
+      ReferenceMlp fresh;
+      torch::optim::Adam fresh_adam(fresh->parameters(), torch::optim::AdamOptions(1e-2));
+      auto [fresh_model, fresh_optimizer] = single.setup(fresh, fresh_adam);
+      single.load(path, {{"model", fresh_model}, {"optimizer", fresh_optimizer}});
+      (path == full ? single_full : single_distributed) = max_difference(fresh_model(probe), saved_out);
+    }
+    LAW_EXPECT(single_full < 1e-6 && single_distributed < 1e-6,
+               "single_device loads them with outputs differing by %.3g (full) and %.3g (distributed)", single_full,
+               single_distributed);
+  }
+  const bool everyone = fabric.reduce_boolean_decision(laws::failures == 0, /*all=*/true);
+  if (r == 0) {
+    std::printf("law (tp): 2 x 2 mesh checkpoints: the distributed save (4 rank files + meta.pt) loads on a fresh 2 x "
+                "2 model with equal outputs and an equal next Adam step; single_device loads the full file (outputs "
+                "differ by %.3g) and the distributed directory (%.3g)\n",
+                single_full, single_distributed);
+    std::printf("tp checkpoint: world_size=%d %s\n", fabric.world_size(), everyone ? "all checks passed" : "FAILED");
   }
   return laws::failures == 0 ? 0 : 1;
 }
@@ -525,6 +619,7 @@ int main(int argc, char** argv) {
     if (scenario == "dropout") return run_dropout();
     if (scenario == "mesh") return run_mesh();
     if (scenario == "plan") return run_plan();
+    if (scenario == "checkpoint" && argc > 2) return run_checkpoint(argv[2]);
   } catch (const std::exception& error) {
     std::fprintf(stderr, "tp_worker %s rank %d: %s\n", scenario.c_str(), laws::rank_for_messages, error.what());
     return 1;

@@ -28,11 +28,17 @@ namespace loom {
 inline constexpr std::int64_t checkpoint_format_version = 2;
 
 // The slice of a flattened parameter one rank's file of a sharded
-// checkpoint holds: elements [begin, end) of a tensor of `shape`.
+// checkpoint holds: elements [begin, end) of a tensor of `shape`. Under
+// tensor parallelism (dim >= 0) the flattened tensor is this rank's chunk
+// `part` of `parts` along `dim` of the full tensor of `shape` (its chunk(parts,
+// dim)[part]), itself possibly sliced by a data-parallel engine.
 struct shard_range {
   std::int64_t begin = 0;
   std::int64_t end = 0;
   std::vector<std::int64_t> shape;
+  std::int64_t dim = -1;
+  std::int64_t part = 0;
+  std::int64_t parts = 1;
 };
 // Parameter name (as in its module's state dict) -> this rank's slice.
 using shard_layout = std::map<std::string, shard_range>;

@@ -226,6 +226,10 @@ class state {
   std::vector<std::string> names() const;
   const std::vector<state_entry>& entries() const noexcept { return entries_; }
   std::size_t size() const noexcept { return entries_.size(); }
+  // The entries' optimizers and modules (the sharded strategies gather them
+  // around a save or load).
+  std::vector<torch::optim::Optimizer*> optimizers() const;
+  std::vector<const torch::nn::Module*> modules() const;
 
   // An owned value (one given as an rvalue, or returned by load as not
   // consumed), converted to T. Throws when absent or not a T.

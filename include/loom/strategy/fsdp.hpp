@@ -108,24 +108,8 @@ struct fsdp : parallel {
       throw configuration_error("fsdp: a filter is refused for sharded saves (as Lightning, pytorch#105379); save "
                                 "with state_dict_type=full to filter");
     }
-    shard_layout layout;
-    for (const auto& entry : checkpoint.entries()) {
-      if (auto* optimizer = entry.io().optimizer(); optimizer && !detail::fsdp_engine::knows_state_layout(*optimizer)) {
-        throw configuration_error("fsdp: '" + entry.name() + "' is an optimizer whose state loom cannot slice "
-                                  "(SGD, Adam, AdamW, RMSprop and Adagrad are known); a sharded save could not be "
-                                  "resharded or consolidated");
-      }
-      const torch::nn::Module* module = entry.io().module();
-      if (module == nullptr) continue;
-      for (const auto& item : module->named_parameters()) {
-        for (const auto& weak : engines_) {
-          auto engine = weak.lock();
-          if (!engine) continue;
-          if (auto range = engine->shard_of(item.value())) layout[item.key()] = *range;
-        }
-      }
-    }
-    loom::save_sharded_checkpoint(path, checkpoint, metadata, layout, group());
+    loom::save_sharded_checkpoint(path, checkpoint, metadata, detail::sharded_save_layout(checkpoint, engines_, name),
+                                  group());
   }
   // Full or sharded (told apart by load_checkpoint), written by any number
   // of ranks: every rank reads it at full size and keeps its shards.
@@ -145,25 +129,7 @@ struct fsdp : parallel {
   // optimizers' state) full-sized.
   template <class Body>
   void with_full_state(const state& checkpoint, bool write_back, int root, Body&& body) {
-    std::vector<torch::optim::Optimizer*> optimizers;
-    for (const auto& entry : checkpoint.entries()) {
-      if (auto* optimizer = entry.io().optimizer()) optimizers.push_back(optimizer);
-    }
-    std::vector<std::shared_ptr<detail::fsdp_engine>> live;
-    for (const auto& weak : engines_) {
-      if (auto engine = weak.lock()) live.push_back(std::move(engine));
-    }
-    nest(live, 0, optimizers, write_back, root, body);
-  }
-  template <class Body>
-  static void nest(const std::vector<std::shared_ptr<detail::fsdp_engine>>& live, std::size_t k,
-                   const std::vector<torch::optim::Optimizer*>& optimizers, bool write_back, int root, Body& body) {
-    if (k == live.size()) {
-      body();
-      return;
-    }
-    live[k]->with_full_state(
-        optimizers, [&] { nest(live, k + 1, optimizers, write_back, root, body); }, write_back, root);
+    detail::with_full_engines(engines_, checkpoint.optimizers(), write_back, root, body);
   }
 
   fsdp_options options_;

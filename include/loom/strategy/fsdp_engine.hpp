@@ -150,6 +150,19 @@ auto forward_through(fsdp_engine& engine, Forward&& run) {
   return output;
 }
 
+// Runs body with every live engine's parameters (and the optimizers' state)
+// full-sized, the engines' with_full_state nested (the checkpoints of fsdp,
+// deepspeed and model_parallel's data-parallel dimension).
+void with_full_engines(const std::vector<std::weak_ptr<fsdp_engine>>& engines,
+                       const std::vector<torch::optim::Optimizer*>& optimizers, bool write_back, int root,
+                       const std::function<void()>& body);
+
+// The slices of the engines' parameters (by state-dict name) a sharded save
+// of checkpoint writes; a configuration_error, naming `strategy`, for an
+// optimizer whose state loom cannot slice.
+shard_layout sharded_save_layout(const state& checkpoint, const std::vector<std::weak_ptr<fsdp_engine>>& engines,
+                                 std::string_view strategy);
+
 // Gradients set to none (torch 2.x's default): the engine's next reduction
 // writes the shard instead of adding to it.
 inline void zero_grad_to_none(torch::optim::Optimizer& optimizer) {

@@ -10,8 +10,13 @@
 // tensor-parallel shards are sharded again over the ranks that share its
 // tensor-parallel coordinate, and their gradients averaged over them.
 //
-// Not built yet (an error says so): clipping by norm with both dimensions
-// larger than one, distributed checkpoints.
+// Checkpoints: distributed (save_distributed_checkpoint, the default) is a
+// sharded checkpoint directory in which each rank's file holds its
+// tensor-parallel chunks, sliced again by the data-parallel engine, each
+// named by its chunk (dimension, part, parts) and range; `loom-run
+// consolidate` and any strategy's load reassemble the full tensors. Full: the
+// chunks (and the optimizers' state of them) gathered over both dimensions,
+// one file written by rank 0 that single_device loads.
 #pragma once
 
 #include <loom/comm/device_mesh.hpp>
@@ -19,6 +24,7 @@
 #include <loom/strategy/fsdp_options.hpp>
 #include <loom/strategy/no_sync_guard.hpp>
 #include <loom/strategy/parallel.hpp>
+#include <loom/tp/full_parameters.hpp>
 #include <loom/tp/parallelize.hpp>
 
 #include <chrono>
@@ -53,9 +59,15 @@ namespace detail {
 // configuration_error naming the three numbers when they do not multiply.
 std::pair<int, int> model_parallel_sizes(int data_parallel, int tensor_parallel, int world_size, int num_nodes);
 // Total gradient norm over a tensor-parallel model: sharded parameters
-// summed over the group, replicated ones counted once. Clips in place.
+// summed over the group, replicated ones counted once; with a data-parallel
+// group (its engine holds each rank's slice of every gradient), both summed
+// over it first. Clips in place.
 std::optional<double> clip_tensor_parallel(torch::nn::Module& module, const comm::process_group& tensor_group,
-                                           const clip_options& options);
+                                           const comm::process_group* data_group, const clip_options& options);
+// A distributed save's layout: the data-parallel engines' slices, and each
+// tensor-parallel chunk named by (dimension, part, parts).
+shard_layout model_parallel_layout(const state& checkpoint, const std::vector<std::weak_ptr<fsdp_engine>>& engines,
+                                   const comm::process_group& tensor_group);
 }  // namespace detail
 
 struct model_parallel : parallel {
@@ -110,8 +122,10 @@ struct model_parallel : parallel {
     if (mesh.size("data_parallel") == 1) return nullptr;
     fsdp_options sharding = options_.data_parallel;
     sharding.timeout = options_.timeout;
-    return std::make_shared<detail::fsdp_engine>(module, mesh.group("data_parallel"), sharding,
-                                                 runtime().local_world_size(), precision_);
+    auto engine = std::make_shared<detail::fsdp_engine>(module, mesh.group("data_parallel"), sharding,
+                                                        runtime().local_world_size(), precision_);
+    engines_.push_back(engine);
+    return engine;
   }
 
   template <class Forward>
@@ -138,16 +152,58 @@ struct model_parallel : parallel {
   template <class State>
   std::optional<double> clip_gradients(State& engine, torch::nn::Module& module, const clip_options& options) {
     comm::device_mesh& mesh = device_mesh();
-    if (!engine) return detail::clip_tensor_parallel(module, mesh.group("tensor_parallel"), options);
+    if (!engine) return detail::clip_tensor_parallel(module, mesh.group("tensor_parallel"), nullptr, options);
     if (mesh.size("tensor_parallel") == 1 || options.clip_val) return engine->clip_gradients(options);
-    throw configuration_error("model_parallel: clip_gradients by norm with both data_parallel_size and "
-                              "tensor_parallel_size above 1 is not built yet (clip by value works)");
+    const comm::process_group& data = mesh.group("data_parallel");
+    return detail::clip_tensor_parallel(module, mesh.group("tensor_parallel"), &data, options);
   }
+
+  // ------------------------------------------------------------ checkpoints
+  void save_checkpoint(const std::string& path, const state& checkpoint, const state_filter& filter,
+                       const checkpoint_metadata& metadata) {
+    comm::device_mesh& mesh = device_mesh();
+    if (!options_.save_distributed_checkpoint) {
+      with_full_state(checkpoint, /*write_back=*/false, [&] {
+        if (global_rank() == 0) loom::save_checkpoint(path, checkpoint, filter, metadata);
+      });
+      barrier();
+      return;
+    }
+    if (!filter.empty()) {
+      throw configuration_error("model_parallel: a filter is refused for distributed saves (as fsdp's sharded "
+                                "ones); set save_distributed_checkpoint=false to filter a full save");
+    }
+    loom::save_sharded_checkpoint(path, checkpoint, metadata,
+                                  detail::model_parallel_layout(checkpoint, engines_, mesh.group("tensor_parallel")),
+                                  group());
+  }
+  // Full or distributed, written on any mesh (or by single_device, ddp,
+  // fsdp): every rank reads it at full size and keeps its chunks and slices.
+  state load_checkpoint(const std::string& path, const state& checkpoint, bool strict) {
+    state rest;
+    with_full_state(checkpoint, /*write_back=*/true, [&] { rest = loom::load_checkpoint(path, checkpoint, strict); });
+    return rest;
+  }
+  // What the next fabric.save writes.
+  void set_save_distributed_checkpoint(bool distributed) noexcept { options_.save_distributed_checkpoint = distributed; }
 
   const model_parallel_options& options() const noexcept { return options_; }
 
  private:
+  // Runs body with the checkpoint's modules and optimizers' state full-sized
+  // on every rank: the data-parallel slices gathered, then the
+  // tensor-parallel chunks.
+  template <class Body>
+  void with_full_state(const state& checkpoint, bool write_back, Body&& body) {
+    const std::vector<torch::optim::Optimizer*> optimizers = checkpoint.optimizers();
+    detail::with_full_engines(engines_, optimizers, write_back, /*root=*/-1, [&] {
+      tp::with_full_parameters(checkpoint.modules(), device_mesh().group("tensor_parallel"), optimizers, body,
+                               write_back);
+    });
+  }
+
   model_parallel_options options_;
+  std::vector<std::weak_ptr<detail::fsdp_engine>> engines_;
   int num_nodes_ = 1;
   std::string precision_ = "32-true";
   std::shared_ptr<comm::device_mesh> mesh_;

@@ -35,6 +35,13 @@ at::Tensor layer_norm_forward(const binding& bound, const at::Tensor& input, con
 at::Tensor dropout_forward(const binding& bound, const at::Tensor& input, double p, bool training);
 }  // namespace detail
 
+// A parameter that holds this rank's chunk of the full tensor along dim
+// (chunk(group size, dim)[group rank]).
+struct sharded_parameter {
+  at::Tensor value;
+  int64_t dim = 0;
+};
+
 // What parallelize_module finds among a model's modules (dynamic_cast, once).
 class layer_marker {
  public:
@@ -45,11 +52,11 @@ class layer_marker {
   bool parallelized() const noexcept { return binding_ != nullptr; }
   // This layer's parameters that hold a shard (1/group size of the full
   // tensor); the others are replicated across the group.
-  const std::vector<at::Tensor>& sharded_parameters() const noexcept { return sharded_; }
+  const std::vector<sharded_parameter>& sharded_parameters() const noexcept { return sharded_; }
 
  protected:
   std::shared_ptr<const detail::binding> binding_;
-  std::vector<at::Tensor> sharded_;
+  std::vector<sharded_parameter> sharded_;
 };
 
 class LinearImpl : public torch::nn::LinearImpl, public layer_marker {
