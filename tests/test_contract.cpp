@@ -14,10 +14,14 @@
 #include <loom/runtime/make_fabric_with_strategy.hpp>
 #include <loom/runtime/registry.hpp>
 
+#include <ATen/autocast_mode.h>
+#include <torch/nn/functional/loss.h>
 #include <torch/optim/sgd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 using models::bare_precision;
 using models::bare_strategy;
@@ -393,4 +397,100 @@ TEST_CASE("the collective recorder keeps the last entries, allocates nothing, an
   CHECK(decoded->entries[0].describe() == "reduce_scatter(Float[3, 5])");
   CHECK(decoded->entries[1].describe() == "all_gather(Long[7])");
   CHECK_FALSE(loom::comm::decode_record("something else").has_value());
+}
+
+// ------------------------------------------------------------------ dp
+namespace {
+// A Cloneable module (dp replicates by clone) that counts, across its
+// replicas, the forwards that ran under CPU autocast and on another thread.
+struct DpNetImpl : torch::nn::Cloneable<DpNetImpl> {
+  DpNetImpl() { reset(); }
+  void reset() override {
+    fc1 = register_module("fc1", torch::nn::Linear(8, 16));
+    fc2 = register_module("fc2", torch::nn::Linear(16, 3));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    if (at::autocast::is_cpu_enabled()) ++seen->autocast;
+    if (std::this_thread::get_id() != seen->caller) ++seen->other_thread;
+    return fc2(torch::relu(fc1(x)));
+  }
+  struct counters {
+    std::atomic<int> autocast{0}, other_thread{0};
+    std::thread::id caller = std::this_thread::get_id();
+  };
+  std::shared_ptr<counters> seen = std::make_shared<counters>();  // shared by the clones
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(DpNet);
+
+double max_gradient_difference(const DpNet& a, const DpNet& b) {
+  double worst = 0;
+  const auto pa = a->parameters(), pb = b->parameters();
+  for (std::size_t k = 0; k < pa.size(); ++k) worst = std::max(worst, (pa[k].grad() - pb[k].grad()).abs().max().item<double>());
+  return worst;
+}
+}  // namespace
+
+TEST_CASE("dp: two replicas on the CPU equal one module on the whole batch, gradients summed by autograd", "[dp]") {
+  at::manual_seed(3);
+  DpNet net;
+  DpNet reference(std::dynamic_pointer_cast<DpNetImpl>(net->clone()));
+  const c10::Device cpu(c10::kCPU);
+  loom::detail::replica_set replicas(*net, {cpu, cpu});
+  torch::optim::SGD sgd(net->parameters(), 0.1), reference_sgd(reference->parameters(), 0.1);
+  for (int step = 0; step < 3; ++step) {
+    const at::Tensor x = at::randn({10, 8}), y = at::randint(0, 3, {10});
+    sgd.zero_grad();
+    reference_sgd.zero_grad();
+    const at::Tensor out = loom::detail::data_parallel_forward(
+        replicas, *net, [](DpNetImpl& module, const at::Tensor& chunk) { return module.forward(chunk); }, x);
+    torch::nn::functional::cross_entropy(out, y).backward();
+    const at::Tensor expected = reference->forward(x);
+    torch::nn::functional::cross_entropy(expected, y).backward();
+    CHECK(out.sizes() == expected.sizes());
+    CHECK((out - expected).abs().max().item<double>() < 1e-6);
+    CHECK(max_gradient_difference(net, reference) < 1e-6);
+    // The replica's parameters are not leaves: their gradient went to the root's.
+    for (const auto& p : replicas.replica(1).parameters()) CHECK_FALSE(p.grad().defined());
+    sgd.step();
+    reference_sgd.step();  // the next forward refreshes the replica from the stepped root
+  }
+  CHECK(net->seen->other_thread.load() == 3);  // one replica per step ran on a thread of its own
+  // A structured output: each tensor gathered, 0-dim ones stacked (one per replica).
+  const auto pair = loom::detail::data_parallel_forward(
+      replicas, *net,
+      [](DpNetImpl& module, const at::Tensor& chunk) {
+        at::Tensor out = module.forward(chunk);
+        return std::make_tuple(out, out.sum());
+      },
+      at::randn({6, 8}));
+  CHECK(std::get<0>(pair).sizes() == at::IntArrayRef({6, 3}));
+  CHECK(std::get<1>(pair).sizes() == at::IntArrayRef({2}));
+  // A batch of one row runs on the root only.
+  CHECK(loom::detail::replicas_for(2, at::randn({1, 8})) == 1);
+}
+
+TEST_CASE("dp: the strategy through a wrapped module enters the precision's autocast in every replica thread", "[dp]") {
+  at::manual_seed(4);
+  DpNet net;
+  DpNet reference(std::dynamic_pointer_cast<DpNetImpl>(net->clone()));
+  const c10::Device cpu(c10::kCPU);
+  loom::dp strategy(std::vector<c10::Device>{cpu, cpu});
+  loom::bf16_mixed precision;
+  auto state = strategy.setup_module(*net);
+  using session = loom::strategy_session<loom::dp, loom::bf16_mixed, c10::kCPU>;
+  loom::fabric_module<DpNet, loom::dp, loom::bf16_mixed, c10::kCPU> model(net, session(strategy, precision, state));
+  const at::Tensor x = at::randn({8, 8});
+  const at::Tensor out = model(x);
+  CHECK(net->seen->autocast.load() == 2);  // both replicas, each in its own thread
+  CHECK(out.scalar_type() == at::kFloat);   // converted back after the gather
+  at::Tensor expected;
+  {
+    auto context = precision.forward_context(c10::kCPU);
+    expected = reference->forward(x).to(at::kFloat);
+  }
+  CHECK((out - expected).abs().max().item<double>() < 1e-2);
+  // Lightning's dp all_reduce: the mean of each tensor, in its dtype.
+  CHECK(strategy.all_reduce(at::tensor({1.0f, 3.0f})).item<float>() == 2.0f);
+  CHECK(strategy.world_size() == 1);
 }

@@ -123,7 +123,10 @@ TEST_CASE("connector: impossible requests say what is accepted", "[runtime]") {
   CHECK_THAT(refusal({.num_nodes = 0}), Catch::Contains("num_nodes=0"));
   CHECK_THAT(refusal({.strategy = "ddp_spawn"}), Catch::Contains("no C++ meaning") && Catch::Contains("use ddp"));
   CHECK_THAT(refusal({.strategy = "ddp_notebook"}), Catch::Contains("use ddp"));
-  CHECK_THAT(refusal({.strategy = "model_parallel"}), Catch::Contains("not built yet") && Catch::Contains("single_device"));
+  // model_parallel resolves (loom-run sets it) but is made from an object only.
+  CHECK(resolve({.strategy = "model_parallel", .devices = 2}).strategy == "model_parallel");
+  CHECK_THROWS_WITH(loom::make_fabric({.strategy = "model_parallel", .devices = 2}),
+                    Catch::Contains("cannot be made from its name") && Catch::Contains("parallelize_fn"));
   // ZeRO under Lightning's names runs on cpu too (Lightning refuses DeepSpeed there).
   CHECK(resolve({.strategy = "deepspeed_stage_3", .devices = 2}).strategy == "deepspeed_stage_3");
   // Lightning refuses FSDP on cpu; loom's runs there (a deliberate difference). Sharded
@@ -145,6 +148,10 @@ TEST_CASE("connector: impossible requests say what is accepted", "[runtime]") {
   CHECK(dp.strategy == "ddp");
   REQUIRE(dp.warnings.size() == 1);
   CHECK_THAT(dp.warnings[0], Catch::Contains("'dp' is not supported on CPUs"));
+  // On cuda, dp is one process driving every selected device.
+  auto dp_cuda = resolve({.accelerator = "cuda", .strategy = "dp", .devices = 2}, {}, gpu_machine());
+  CHECK(dp_cuda.strategy == "dp");
+  CHECK(dp_cuda.processes_per_node == 1);
 }
 
 TEST_CASE("connector: under loom-run the LT_* values decide, conflicts name both", "[runtime]") {
@@ -173,11 +180,14 @@ TEST_CASE("connector: under loom-run the LT_* values decide, conflicts name both
 
 TEST_CASE("registry: built names match the catalog; registering needs override for existing names", "[runtime]") {
   auto& shared = loom::runtime::registry::instance();
-  std::vector<std::string> built;
+  // Built names with a reason are made from a strategy object only (dp,
+  // model_parallel: code a name cannot carry); the rest are registered.
+  std::vector<std::string> built, object_only;
   for (const auto& entry : loom::runtime::strategy_names()) {
-    if (entry.built) built.push_back(entry.name);
+    if (entry.built) (entry.reason.empty() ? built : object_only).push_back(entry.name);
   }
   CHECK(shared.strategy_names() == built);
+  CHECK(object_only == std::vector<std::string>{"dp", "model_parallel"});
   // cpu has no fp16 / 16-mixed combination; every other precision is there for every name.
   CHECK(shared.find("cpu", "ddp", "bf16-mixed") != nullptr);
   CHECK(shared.find("cpu", "ddp", "16-mixed") == nullptr);
@@ -185,7 +195,7 @@ TEST_CASE("registry: built names match the catalog; registering needs override f
   CHECK(shared.find("cpu", "parallel_fork", "64-true") != nullptr);
   // Sharded strategies take 3 of them (no 64-true).
   std::size_t sharded = 0;
-  for (const auto& entry : loom::runtime::strategy_names()) sharded += entry.built && entry.sharded ? 1 : 0;
+  for (const auto& entry : loom::runtime::strategy_names()) sharded += entry.built && entry.reason.empty() && entry.sharded ? 1 : 0;
   CHECK(sharded == 10);  // fsdp, fsdp_cpu_offload and Lightning's eight deepspeed names
   CHECK(shared.find("cpu", "fsdp", "64-true") == nullptr);
   CHECK(shared.find("cpu", "fsdp", "bf16-mixed") != nullptr);

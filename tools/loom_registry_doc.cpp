@@ -32,6 +32,13 @@ int main() {
     std::cout << "| `" << name << "` | `" << type << "` | " << accelerators << " | " << precisions << " | "
               << description << " |\n";
   }
+  std::cout << "\nNames built only as strategy objects (`make_fabric(config, strategy)` or the static "
+               "`loom::Fabric<A, S, P>`; `loom-run --strategy NAME` sets them for such a program):\n\n";
+  for (const auto& known : loom::runtime::strategy_names()) {
+    if (known.built && !shared.has_strategy(known.name)) {
+      std::cout << "- `" << known.name << "`: " << known.description << "; " << known.reason << '\n';
+    }
+  }
   std::cout << "\nNames Lightning knows that loom refuses, with the reason it gives:\n\n";
   for (const auto& known : loom::runtime::strategy_names()) {
     if (!known.built) std::cout << "- `" << known.name << "`: " << known.reason << '\n';

@@ -43,6 +43,7 @@ constexpr bool diagnose_combination() {
   constexpr rules::rule broken = broken_rule<A, S, P>;
   static_assert(broken != rules::rule::strategy_not_on_accelerator,
                 "loom::Fabric<A, S, P>: " LOOM_RULE_STRATEGY_NOT_ON_ACCELERATOR);
+  static_assert(broken != rules::rule::dp_on_cpu, "loom::Fabric<A, S, P>: " LOOM_RULE_DP_ON_CPU);
   static_assert(broken != rules::rule::sharded_precision, "loom::Fabric<A, S, P>: " LOOM_RULE_SHARDED_PRECISION);
   static_assert(broken != rules::rule::fp16_true_without_kernels,
                 "loom::Fabric<A, S, P>: " LOOM_RULE_FP16_TRUE_WITHOUT_KERNELS);

@@ -41,6 +41,7 @@
 #include <loom/strategy/fsdp.hpp>
 #include <loom/strategy/fsdp_engine.hpp>
 #include <loom/strategy/fsdp_options.hpp>
+#include <loom/strategy/dp.hpp>
 #include <loom/strategy/model_parallel.hpp>
 #include <loom/strategy/nvme_stream.hpp>
 #include <loom/strategy/zero_config.hpp>

@@ -177,6 +177,8 @@ connection connect(connector_input input, const machine_facts& machine, const cl
     chosen = "ddp";
     entry = find(chosen);
   }
+  // dp drives every selected device from one process.
+  if (chosen == "dp") out.processes_per_node = 1;
   if (entry == nullptr || !entry->built) {
     throw configuration_error("strategy '" + chosen + "' cannot be used: " +
                               (entry ? entry->reason : std::string("it is not registered")) +

@@ -18,7 +18,11 @@ const std::vector<strategy_name>& strategy_names() {
       {"ddp_find_unused_parameters_false", true, "", "ddp (the default: every parameter is used)"},
       {"ddp_spawn", false, "it spawns Python processes by pickling; it has no C++ meaning: use ddp", ""},
       {"ddp_notebook", false, "it forks a notebook kernel; it has no C++ meaning: use ddp", ""},
-      {"dp", false, "not built yet", "data parallel in one process"},
+      {"dp", true,
+       "dp scatters forward's arguments, which the type-erased Fabric does not pass: use the static "
+       "loom::Fabric<loom::cuda, loom::dp, P> (on cpu the connector falls back to ddp, as Lightning)",
+       "data parallel in one process: the module replicated on each device, the batch split along dimension 0",
+       /*multi_process=*/false, /*runs_on_cpu=*/false, /*runs_on_cuda=*/true},
       {"fsdp", true, "", "fully sharded data parallel: parameters, gradients and optimizer state sharded",
        true, true, true, /*sharded=*/true},
       {"fsdp_cpu_offload", true, "", "fsdp with parameter shards kept on the CPU between uses", true, true, true,
@@ -39,7 +43,11 @@ const std::vector<strategy_name>& strategy_names() {
       {"deepspeed_stage_3_offload_nvme", true, "",
        "ZeRO stage 3 with optimizer and parameters offloaded to NVMe (not built yet: refused at setup)", true, true,
        true, /*sharded=*/true, /*scales_own_loss=*/true},
-      {"model_parallel", false, "not built yet", "tensor parallel and FSDP (2D)"},
+      {"model_parallel", true,
+       "its parallelize_fn is code, which a name cannot carry: pass the strategy object, "
+       "make_fabric(config, loom::model_parallel({.parallelize_fn = ...})), or use loom::Fabric<A, loom::model_parallel, P>",
+       "tensor parallel and FSDP on a 2-D mesh (data_parallel x tensor_parallel)", true, true, true,
+       /*sharded=*/true},
       {"xla", false, "XLA/TPU has no LibTorch C++ backend", ""},
       {"xla_fsdp", false, "XLA/TPU has no LibTorch C++ backend", ""},
   };

@@ -118,6 +118,12 @@ AnyFabric make_fabric(fabric_config config) {
   runtime::resolution resolved = runtime::resolve(config, std::nullopt);
   const runtime::connection& chosen = resolved.chosen;
   const runtime::registry_entry* entry = shared.find(chosen.accelerator, chosen.strategy, chosen.precision);
+  if (!shared.has_strategy(chosen.strategy)) {
+    // Built, but only as an object (model_parallel: its parallelize_fn).
+    const runtime::strategy_name* known = runtime::find_strategy(chosen.strategy);
+    throw configuration_error("strategy '" + chosen.strategy + "' cannot be made from its name: " +
+                              (known && !known->reason.empty() ? known->reason : std::string("it is not registered")));
+  }
   if (entry == nullptr) {
     std::string offered;
     for (const auto& candidate : shared.entries()) {

@@ -1,6 +1,7 @@
-// FSDP's and ZeRO's compile-time refusals (fsdp.expect): a precision a sharded strategy
-// cannot honour, no_backward_sync where the configuration cannot skip, and a
-// unit holder around something that is not a module.
+// The strategy table's compile-time refusals (fsdp.expect): a precision a sharded strategy
+// cannot honour, no_backward_sync where the configuration cannot skip, a unit
+// holder around something that is not a module, and dp on cpu or over a module
+// that cannot be cloned.
 #include <loom/loom.hpp>
 
 #include <torch/nn/modules/linear.h>
@@ -38,3 +39,18 @@ void case_deepspeed_fp64() { loom::Fabric<loom::cpu, loom::deepspeed, loom::fp64
 
 // ZeRO takes 16-mixed (its own loss scaler), but cpu has no fp16 kernels.
 void case_deepspeed_fp16_on_cpu() { loom::Fabric<loom::cpu, loom::deepspeed, loom::fp16_mixed> fabric; }
+
+// dp runs on cuda only: on cpu use ddp (the string path falls back to it).
+void case_dp_on_cpu() { loom::Fabric<loom::cpu, loom::dp, loom::fp32> fabric; }
+
+// dp replicates by clone: a module that is not Cloneable is refused with how to convert it.
+struct PlainNetImpl : torch::nn::Module {
+  at::Tensor forward(const at::Tensor& x) { return x; }
+};
+void case_dp_not_cloneable() {
+  loom::dp strategy;
+  PlainNetImpl net;
+  loom::dp::module_state replicas;
+  auto out = strategy.forward_replicas(replicas, net, [](PlainNetImpl& m, const at::Tensor& x) { return m.forward(x); },
+                                       at::ones({2}));
+}

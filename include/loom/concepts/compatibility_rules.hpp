@@ -19,6 +19,9 @@
 #define LOOM_RULE_STRATEGY_NOT_ON_ACCELERATOR                                                                       \
   "the strategy does not run on this accelerator (its runs_on_cpu / runs_on_cuda traits say so). Choose another "   \
   "accelerator or strategy."
+#define LOOM_RULE_DP_ON_CPU                                                                                         \
+  "dp (DataParallel) drives several devices from one process and runs on cuda only; on cpu Lightning falls back "  \
+  "to ddp with a warning, as loom's string path (make_fabric, loom-run) does. Use loom::ddp with loom::cpu."
 #define LOOM_RULE_SHARDED_PRECISION                                                                         \
   "a sharded strategy (fsdp, deepspeed, model_parallel) takes 32-true, bf16-true and bf16-mixed (16-true on cuda): 64-true is "  \
   "not among Lightning's FSDP precisions, and under 16-mixed only deepspeed scales the loss itself (FSDP would "   \
@@ -55,6 +58,7 @@ enum class rule {
   fp16_true_without_kernels,
   fp16_autocast_without_kernels,
   strategy_not_on_accelerator,
+  dp_on_cpu,
   sharded_precision,
   one_process,
 };
@@ -69,6 +73,7 @@ inline constexpr rule_reason reasons[] = {
     {rule::fp16_true_without_kernels, LOOM_RULE_FP16_TRUE_WITHOUT_KERNELS},
     {rule::fp16_autocast_without_kernels, LOOM_RULE_FP16_AUTOCAST_WITHOUT_KERNELS},
     {rule::strategy_not_on_accelerator, LOOM_RULE_STRATEGY_NOT_ON_ACCELERATOR},
+    {rule::dp_on_cpu, LOOM_RULE_DP_ON_CPU},
     {rule::sharded_precision, LOOM_RULE_SHARDED_PRECISION},
     {rule::one_process, LOOM_RULE_ONE_PROCESS},
 };
@@ -84,6 +89,7 @@ constexpr std::string_view reason(rule id) {
 constexpr rule first_broken(const accelerator_facts& accelerator, const strategy_facts& strategy,
                             const precision_facts& precision) {
   const bool cuda = accelerator.name == "cuda";
+  if (!cuda && strategy.name == "dp") return rule::dp_on_cpu;
   if (!(cuda ? strategy.runs_on_cuda : strategy.runs_on_cpu)) return rule::strategy_not_on_accelerator;
   if (strategy.sharded && (precision.fp64 || (precision.fp16 && precision.mixed && !strategy.scales_own_loss))) {
     return rule::sharded_precision;

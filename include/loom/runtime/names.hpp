@@ -21,7 +21,9 @@ using loom::precision_names;
 struct strategy_name {
   std::string name;
   bool built;          // loom has this strategy now
-  std::string reason;  // why not, when not built ("no C++ meaning: use ddp")
+  // Why not, when not built ("no C++ meaning: use ddp"); when built, why it is
+  // made from a strategy object only (model_parallel: its parallelize_fn).
+  std::string reason;
   std::string description;
   // What the compatibility rules read (concepts/compatibility_rules.hpp):
   // the strategy type's is_distributed, runs_on_cpu, runs_on_cuda and is_sharded.

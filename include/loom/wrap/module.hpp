@@ -62,7 +62,9 @@ class wrapped_module {
   // here.
   template <class Method, class... Args>
   decltype(auto) run(Method&& method, Args&&... args) {
-    if constexpr (Session::io_conversion == decided::never) {
+    if constexpr (replicating<Session>) {
+      return run_replicated(method, args...);
+    } else if constexpr (Session::io_conversion == decided::never) {
       return run_as_written(method, std::forward<Args>(args)...);
     } else if constexpr (Session::io_conversion == decided::always) {
       return run_converted(method, std::forward<Args>(args)...);
@@ -103,6 +105,36 @@ class wrapped_module {
       });
     }();  // the context ends here, before the outputs are converted
     return apply_to_collection(std::move(output), [&session](const at::Tensor& t) { return session.convert_output(t); });
+  }
+
+  template <class S>
+  static constexpr bool replicating = [] {
+    if constexpr (requires { S::replicates_forward; }) return bool(S::replicates_forward);
+    else return false;
+  }();
+
+  // The strategy runs each replica (dp: in a thread of its own, so the
+  // precision's context, which is per thread, is entered in each); outputs
+  // are converted once gathered.
+  template <class Method, class... Args>
+  auto run_replicated(Method& method, const Args&... args) {
+    Session& session = session_;
+    auto output = session.forward_replicas(*module_, [&session, &method](impl_type& replica, const auto&... chunk) {
+      auto context = session.forward_context();
+      if constexpr (Session::io_conversion == decided::never) {
+        return std::invoke(method, replica, chunk...);
+      } else {
+        auto to_input = [&session](const at::Tensor& t) { return session.convert_input(t); };
+        if (!session.converts_io()) return std::invoke(method, replica, chunk...);
+        return std::invoke(method, replica, apply_to_collection(chunk, to_input)...);
+      }
+    }, args...);
+    if constexpr (Session::io_conversion == decided::never) {
+      return output;
+    } else {
+      if (!session.converts_io()) return output;
+      return apply_to_collection(std::move(output), [&session](const at::Tensor& t) { return session.convert_output(t); });
+    }
   }
 
   Holder module_;

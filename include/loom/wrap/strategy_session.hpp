@@ -34,6 +34,16 @@ class strategy_session {
   decltype(auto) forward(torch::nn::Module& module, Body&& body) {
     return strategy_->forward(state_, module, std::forward<Body>(body));
   }
+  // The strategy runs forward itself, from the arguments (dp: one replica
+  // per device, each calling body(replica, its chunk of the arguments...)).
+  static constexpr bool replicates_forward = [] {
+    if constexpr (requires { Strategy::replicates_forward; }) return bool(Strategy::replicates_forward);
+    else return false;
+  }();
+  template <class Impl, class Body, class... Args>
+  auto forward_replicas(Impl& module, Body&& body, const Args&... arguments) {
+    return strategy_->forward_replicas(state_, module, std::forward<Body>(body), arguments...);
+  }
   at::Tensor convert_input(const at::Tensor& tensor) const { return precision_->convert_input(tensor); }
   at::Tensor convert_output(const at::Tensor& tensor) const { return precision_->convert_output(tensor); }
   std::optional<double> clip_gradients(torch::nn::Module& module, const clip_options& options) {

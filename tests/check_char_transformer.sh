@@ -1,0 +1,52 @@
+#!/bin/sh
+# check_char_transformer.sh EXAMPLE LOOM_RUN: smoke runs of
+# examples/char_transformer (--max-steps 50) in one process, under
+# `loom-run --strategy model_parallel --devices 2` (tensor parallel 2) and
+# `--devices 4 ... --data-parallel-size 2 --tensor-parallel-size 2`. Each must
+# end with val_loss=X.XXXX as its last line, printed once, and the three
+# step-50 losses (same steps, global batch and seed) must agree within 1e-3.
+# Without Debian's fortunes it must fail, naming the package.
+set -u
+example=$(realpath "$1")
+loom_run=$(realpath "$2")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work" || exit 1
+failed=0
+steps="--max-steps 50 --log-every 50"
+
+run() {  # run NAME COMMAND...
+  name=$1
+  shift
+  start=$(date +%s)
+  timeout 120 "$@" > "$name.txt" 2>&1
+  status=$?
+  last=$(tail -n 1 "$name.txt")
+  loss=$(sed -n 's/^step 50\/50  loss \([0-9.]*\) .*/\1/p' "$name.txt")
+  echo "$name: exit $status in $(( $(date +%s) - start )) s, step-50 loss $loss, last line: $last"
+  [ "$status" -eq 0 ] || { cat "$name.txt"; failed=1; return; }
+  case "$last" in
+    val_loss=[0-9].[0-9][0-9][0-9][0-9]) ;;
+    *) echo "$name: the last line is not val_loss=X.XXXX"; failed=1 ;;
+  esac
+  [ "$(grep -c '^val_loss=' "$name.txt")" -eq 1 ] || { echo "$name: val_loss is printed more than once"; failed=1; }
+  [ -n "$loss" ] || { echo "$name: no step-50 loss line"; cat "$name.txt"; failed=1; }
+  eval "loss_$name=\$loss"
+}
+
+run single "$example" $steps
+head -n 2 single.txt
+run tp2 "$loom_run" --strategy model_parallel --devices 2 "$example" $steps
+run mesh "$loom_run" --strategy model_parallel --devices 4 "$example" $steps --data-parallel-size 2 \
+  --tensor-parallel-size 2
+sed -n 2p mesh.txt
+[ "$failed" -eq 0 ] || exit 1
+awk -v a="$loss_single" -v b="$loss_tp2" -v c="$loss_mesh" 'BEGIN {
+  d1 = a - b; if (d1 < 0) d1 = -d1; d2 = a - c; if (d2 < 0) d2 = -d2
+  printf "step-50 loss: single %s, tensor parallel 2 %s (|diff| %.2g), 2 x 2 mesh %s (|diff| %.2g)\n", a, b, d1, c, d2
+  exit !(d1 <= 1e-3 && d2 <= 1e-3) }' || { echo "the step-50 losses differ by more than 1e-3"; failed=1; }
+
+# Without the text: a clear error naming the package.
+"$example" --data "$work/nothing-here" --max-steps 1 > missing.txt 2>&1 && { echo "a missing directory was accepted"; failed=1; }
+grep -q "fortunes" missing.txt || { echo "the missing-text error does not name the package:"; cat missing.txt; failed=1; }
+exit $failed
