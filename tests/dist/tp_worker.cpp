@@ -317,17 +317,21 @@ int run_block(bool sequence) {
   return laws::failures == 0 ? 0 : 1;
 }
 
+// The MLP's plan on a 2 x 2 mesh (data parallel 2 x tensor parallel 2).
+loom::model_parallel mlp_on_2x2_mesh() {
+  return loom::model_parallel(loom::model_parallel_options{
+      .parallelize_fn = [](torch::nn::Module& module,
+                           loom::comm::device_mesh& mesh) { loom::tp::parallelize_module(module, mesh, mlp_plan); },
+      .data_parallel_size = 2,
+      .tensor_parallel_size = 2});
+}
+
 // A 2 x 2 mesh (data parallel 2 x tensor parallel 2, 4 ranks, the FSDP
 // engine on the data-parallel dimension): each data-parallel rank trains on
 // its half of the global batch; after 20 Adam steps the model's outputs on
 // a fresh batch equal single_device's trained on the whole batch.
 int run_mesh() {
-  loom::Fabric<loom::cpu, loom::model_parallel, loom::fp32> fabric(
-      {}, loom::model_parallel(loom::model_parallel_options{
-              .parallelize_fn = [](torch::nn::Module& module,
-                                   loom::comm::device_mesh& mesh) { loom::tp::parallelize_module(module, mesh, mlp_plan); },
-              .data_parallel_size = 2,
-              .tensor_parallel_size = 2}));
+  loom::Fabric<loom::cpu, loom::model_parallel, loom::fp32> fabric({}, mlp_on_2x2_mesh());
   fabric.launch();
   const int r = fabric.global_rank();
   laws::rank_for_messages = r;
@@ -385,12 +389,7 @@ int run_mesh() {
 // load into single_device with the same outputs. tp.sh then consolidates
 // the distributed one and compares it with the full file.
 int run_checkpoint(const std::string& directory) {
-  loom::Fabric<loom::cpu, loom::model_parallel, loom::fp32> fabric(
-      {}, loom::model_parallel(loom::model_parallel_options{
-              .parallelize_fn = [](torch::nn::Module& module,
-                                   loom::comm::device_mesh& mesh) { loom::tp::parallelize_module(module, mesh, mlp_plan); },
-              .data_parallel_size = 2,
-              .tensor_parallel_size = 2}));
+  loom::Fabric<loom::cpu, loom::model_parallel, loom::fp32> fabric({}, mlp_on_2x2_mesh());
   fabric.launch();
   const int r = fabric.global_rank();
   laws::rank_for_messages = r;
