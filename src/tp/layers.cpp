@@ -43,8 +43,6 @@ struct binding {
 
 namespace {
 
-bool is_colwise(const binding& bound) { return std::holds_alternative<colwise_parallel>(bound.style); }
-
 // This rank's slice along dim of the full (identically initialised) tensor.
 void keep_slice(torch::Tensor& parameter, int64_t dim, const comm::process_group& group) {
   torch::NoGradGuard no_grad;

@@ -33,7 +33,7 @@ sed -n 's/^\(law (tp).*\)/  \1/p' "$WORK/checkpoint.4"
 expect_contains "$WORK/compare" "entries equal" \
   "consolidating the 2 x 2 distributed checkpoint equals its full save, tensor for tensor (Python's torch.load)"
 run_tp 2 embed "tp embed: world_size=2 all checks passed" \
-  "vocabulary-parallel and column-wise Embeddings equal torch::nn::Embedding (forward, gradients)"
+  "vocabulary-parallel and column-wise Embeddings equal torch::nn::Embedding (forward, gradients) and hold 1/tp of their bytes (counting allocator)"
 run_tp 2 plan "tp plan: world_size=2 all checks passed" \
   "plans naming a plain Linear, no submodule, or an indivisible size are refused with a sentence"
 expect_no_leftovers "tp"

@@ -518,11 +518,28 @@ int run_embed() {
   const int tp = fabric.world_size();
   laws::rank_for_messages = r;
   auto reference = seeded<ReferenceEmbed>();
+  (void)fabric.strategy().device_mesh();  // the mesh's groups first: what is counted below is the model's
+  auto& counter = loom_bench::install_counting_allocator();
+  const std::int64_t live_before = counter.live();
   auto net = seeded<Embed>();
-  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));
+  const std::int64_t full_bytes = counter.live() - live_before;
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1));  // no momentum: no state
   auto [model, optimizer] = fabric.setup(net, sgd);
+  const std::int64_t held_bytes = counter.live() - live_before;
   LAW_EXPECT(net->vocab->weight.size(0) * tp == 64 && net->wide->weight.size(1) * tp == 8,
              "the vocabulary-parallel weight holds 1/%d of the rows, the column-wise one 1/%d of the columns", tp, tp);
+  // The counting allocator's view: both weights whole before the plan, 1/tp of them after.
+  const std::int64_t expected_full = (64 * 12 + 64 * 8) * static_cast<std::int64_t>(sizeof(float));
+  LAW_EXPECT(full_bytes == expected_full && held_bytes * tp == full_bytes,
+             "the allocator holds %lld bytes for the embeddings after the plan, %lld before (expected %lld and %lld)",
+             static_cast<long long>(held_bytes), static_cast<long long>(full_bytes),
+             static_cast<long long>(expected_full / tp), static_cast<long long>(expected_full));
+  if (r == 0) {
+    std::printf("tp embed: per rank, vocabulary-parallel and column-wise weights %lld bytes (1/%d of %lld); counting "
+                "allocator: %lld bytes held after the plan, %lld before\n",
+                static_cast<long long>(held_bytes), tp, static_cast<long long>(full_bytes),
+                static_cast<long long>(held_bytes), static_cast<long long>(full_bytes));
+  }
   auto generator = at::detail::createCPUGenerator(5);
   const at::Tensor ids = at::randint(0, 64, {4, 10}, generator);
   const at::Tensor weights = at::randn({4, 10, 20}, generator);
