@@ -1,7 +1,7 @@
 // Chunked tensor-parallel parameters gathered to full size and back
 // (include/loom/tp/full_parameters.hpp).
 #include <loom/tp/full_parameters.hpp>
-#include <loom/tp/layers.hpp>
+#include <loom/tp/parallelize.hpp>
 
 #include "../checkpoint/optimizer_state.hpp"
 
@@ -13,9 +13,7 @@ namespace loom::tp {
 
 std::vector<named_chunk> sharded_parameters_of(const torch::nn::Module& module) {
   std::unordered_map<const void*, int64_t> dim_of;
-  for (const auto& child : module.modules(/*include_self=*/true)) {
-    const auto* layer = dynamic_cast<const layer_marker*>(child.get());
-    if (layer == nullptr || !layer->parallelized()) continue;
+  for (const layer_marker* layer : parallelized_layers(module)) {
     for (const auto& chunk : layer->sharded_parameters()) dim_of[chunk.value.unsafeGetTensorImpl()] = chunk.dim;
   }
   std::vector<named_chunk> out;

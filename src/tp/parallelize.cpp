@@ -77,10 +77,10 @@ void parallelize_module(torch::nn::Module& module, comm::device_mesh& mesh, cons
   parallelize_module(module, mesh.group("tensor_parallel"), plan);
 }
 
-std::vector<layer_marker*> parallelized_layers(torch::nn::Module& module) {
-  std::vector<layer_marker*> layers;
+std::vector<const layer_marker*> parallelized_layers(const torch::nn::Module& module) {
+  std::vector<const layer_marker*> layers;
   for (const auto& child : module.modules(/*include_self=*/true)) {
-    if (auto* layer = dynamic_cast<layer_marker*>(child.get()); layer != nullptr && layer->parallelized()) {
+    if (const auto* layer = dynamic_cast<const layer_marker*>(child.get()); layer != nullptr && layer->parallelized()) {
       layers.push_back(layer);
     }
   }

@@ -56,6 +56,14 @@ struct strategy_environment {
 // Capability traits. A strategy states them as static constexpr members; the
 // traits read them with safe defaults so a minimal strategy still works.
 // ---------------------------------------------------------------------------
+// Whether the strategy runs forward itself from its arguments (dp: a replica
+// per device): wrapped modules then call forward_replicas, not forward.
+template <class S>
+inline constexpr bool replicates_forward = [] {
+  if constexpr (requires { S::replicates_forward; }) return bool(S::replicates_forward);
+  else return false;
+}();
+
 template <class S>
 inline constexpr bool supports_no_backward_sync = [] {
   if constexpr (requires { S::supports_no_backward_sync; }) return bool(S::supports_no_backward_sync);

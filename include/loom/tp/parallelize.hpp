@@ -22,6 +22,6 @@ void parallelize_module(torch::nn::Module& module, const comm::process_group& gr
 void parallelize_module(torch::nn::Module& module, comm::device_mesh& mesh, const parallelize_plan& plan);
 
 // Every tensor-parallel layer of module that a plan parallelized.
-std::vector<layer_marker*> parallelized_layers(torch::nn::Module& module);
+std::vector<const layer_marker*> parallelized_layers(const torch::nn::Module& module);
 
 }  // namespace loom::tp

@@ -7,6 +7,7 @@
 // and forward is exactly module->forward(args...).
 #pragma once
 
+#include <loom/concepts/strategy.hpp>
 #include <loom/util/apply_to_collection.hpp>
 #include <loom/util/decided.hpp>
 #include <loom/util/module_holder.hpp>
@@ -62,7 +63,7 @@ class wrapped_module {
   // here.
   template <class Method, class... Args>
   decltype(auto) run(Method&& method, Args&&... args) {
-    if constexpr (replicating<Session>) {
+    if constexpr (replicates_forward<Session>) {
       return run_replicated(method, args...);
     } else if constexpr (Session::io_conversion == decided::never) {
       return run_as_written(method, std::forward<Args>(args)...);
@@ -106,12 +107,6 @@ class wrapped_module {
     }();  // the context ends here, before the outputs are converted
     return apply_to_collection(std::move(output), [&session](const at::Tensor& t) { return session.convert_output(t); });
   }
-
-  template <class S>
-  static constexpr bool replicating = [] {
-    if constexpr (requires { S::replicates_forward; }) return bool(S::replicates_forward);
-    else return false;
-  }();
 
   // The strategy runs each replica (dp: in a thread of its own, so the
   // precision's context, which is per thread, is entered in each); outputs

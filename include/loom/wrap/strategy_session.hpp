@@ -36,10 +36,7 @@ class strategy_session {
   }
   // The strategy runs forward itself, from the arguments (dp: one replica
   // per device, each calling body(replica, its chunk of the arguments...)).
-  static constexpr bool replicates_forward = [] {
-    if constexpr (requires { Strategy::replicates_forward; }) return bool(Strategy::replicates_forward);
-    else return false;
-  }();
+  static constexpr bool replicates_forward = loom::replicates_forward<Strategy>;
   template <class Impl, class Body, class... Args>
   auto forward_replicas(Impl& module, Body&& body, const Args&... arguments) {
     return strategy_->forward_replicas(state_, module, std::forward<Body>(body), arguments...);
