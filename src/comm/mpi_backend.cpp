@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <exception>
 #include <numeric>
+#include <optional>
 
 namespace loom::comm {
 
@@ -61,6 +62,32 @@ bool runs_blocking(const at::Tensor& tensor) {
     return value != nullptr ? std::atoll(value) : (1LL << 20);
   }();
   return static_cast<long long>(tensor.numel() * tensor.element_size()) >= threshold;
+}
+
+// A blocking all-reduce in pieces of at most LOOM_MPI_PIECE_BYTES (default
+// 4 MiB), one MPI_Allreduce each. OpenMPI's ring all-reduce mallocs
+// count/size bytes of scratch per call; from 32 MiB of scratch (glibc's
+// largest mmap threshold) that malloc is a fresh mmap whose page faults are
+// paid on every call, and a large working set falls out of cache. Measured
+// here (2 ranks, 64 MiB, raw OpenMPI 4.1): one call 21.0 ms; pieces of
+// 16 MiB 11.2 ms, of 4 MiB 10.6 ms; at 16 MiB and below no change.
+int all_reduce_in_pieces(void* data, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm) {
+  static const long long piece_bytes = [] {
+    const char* value = std::getenv("LOOM_MPI_PIECE_BYTES");
+    const long long bytes = value != nullptr ? std::atoll(value) : (4LL << 20);
+    return bytes > 0 ? bytes : (4LL << 20);
+  }();
+  int element = 1;
+  MPI_Type_size(type, &element);
+  const int piece = static_cast<int>(std::max<long long>(1, piece_bytes / element));
+  auto* bytes = static_cast<char*>(data);
+  for (int offset = 0; offset < count; offset += piece) {
+    const int length = std::min(piece, count - offset);
+    const int code =
+        MPI_Allreduce(MPI_IN_PLACE, bytes + static_cast<std::ptrdiff_t>(offset) * element, length, type, op, comm);
+    if (code != MPI_SUCCESS) return code;
+  }
+  return MPI_SUCCESS;
 }
 
 // LOOM_MPI_SYNCHRONOUS=1: every operation completes in the calling thread
@@ -159,6 +186,19 @@ MPI_Op operation_of(const c10d::ReduceOp& op, c10::ScalarType type) {
 }
 bool is_mean(const c10d::ReduceOp& op) { return op == c10d::ReduceOp::AVG; }
 
+// The shared-memory all-reduce's counterpart of op (AVG: its sum); none for
+// the bitwise reductions, which stay with MPI.
+std::optional<shared_memory_sum::op> shared_memory_op_of(const c10d::ReduceOp& op) {
+  switch (static_cast<c10d::ReduceOp::RedOpType>(op)) {
+    case c10d::ReduceOp::SUM:
+    case c10d::ReduceOp::AVG: return shared_memory_sum::op::sum;
+    case c10d::ReduceOp::PRODUCT: return shared_memory_sum::op::product;
+    case c10d::ReduceOp::MIN: return shared_memory_sum::op::min;
+    case c10d::ReduceOp::MAX: return shared_memory_sum::op::max;
+    default: return std::nullopt;
+  }
+}
+
 void check_one(const std::vector<at::Tensor>& tensors, const char* what) {
   if (tensors.size() != 1) {
     throw configuration_error(std::string("mpi process group: ") + what + " takes one tensor per call (one device "
@@ -241,7 +281,7 @@ c10::intrusive_ptr<mpi_backend> mpi_backend::create_subgroup(const mpi_backend& 
 }
 
 mpi_backend::mpi_backend(MPI_Comm own, int rank, int size, std::chrono::milliseconds timeout)
-    : compat::c10d_backend(rank, size), comm_(own), timeout_(timeout) {
+    : compat::c10d_backend(rank, size), comm_(own), timeout_(timeout), shared_(shared_memory_sum::create(own, timeout)) {
   thread_ = std::thread([this] { progress(); });
 }
 
@@ -436,13 +476,20 @@ c10::intrusive_ptr<c10d::Work> mpi_backend::allreduce(std::vector<at::Tensor>& t
   const MPI_Op op = operation_of(opts.reduceOp, wire.scalar_type());
   const bool mean = is_mean(opts.reduceOp);
   const int size = getSize();
+  const auto shared_op = shared_memory_op_of(opts.reduceOp);
+  const bool through_shared_memory =
+      shared_ != nullptr && shared_op.has_value() && shared_memory_sum::handles(wire.scalar_type()) && runs_blocking(wire);
   return enqueue(
       c10d::OpType::ALLREDUCE, "MPI_Iallreduce",
-      [=, this] {
+      [=, this]() mutable {
+        if (through_shared_memory) {
+          shared_->all_reduce(wire, *shared_op);
+          return MPI_REQUEST_NULL;  // done: MPI_Test completes a null request at once
+        }
         MPI_Request request = MPI_REQUEST_NULL;
         const int code =
             runs_blocking(wire)
-                ? MPI_Allreduce(MPI_IN_PLACE, wire.data_ptr(), count_of(wire), datatype_of(wire.scalar_type()), op, comm_)
+                ? all_reduce_in_pieces(wire.data_ptr(), count_of(wire), datatype_of(wire.scalar_type()), op, comm_)
                 : MPI_Iallreduce(MPI_IN_PLACE, wire.data_ptr(), count_of(wire), datatype_of(wire.scalar_type()), op,
                                  comm_, &request);
         if (code != MPI_SUCCESS) fail("MPI_Iallreduce", code);

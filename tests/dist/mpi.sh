@@ -38,6 +38,11 @@ mpi_job() {
     failed=1
   fi
 }
+# Large all-reduces through MPI's own calls (in pieces) instead of loom's
+# shared memory.
+mpi_job 2 "mpi collectives: world_size=2 all checks passed" 1 \
+  "MPI process group on 2 ranks with LOOM_MPI_SHARED_MEMORY=0 (large all-reduces through MPI)" \
+  -- -x LOOM_MPI_SHARED_MEMORY=0 "$program"
 for n in 2 4; do
   mpi_job "$n" "mpi collectives: world_size=$n all checks passed" 1 \
     "MPI process group on $n ranks (every collective, dtypes, reductions, in flight, point to point, a split communicator)" \

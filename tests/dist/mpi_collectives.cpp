@@ -3,15 +3,21 @@
 // float, double, int64, bf16 and fp16, every reduction (sum, avg, product,
 // min, max, the bitwise ones), non-contiguous tensors, several operations
 // in flight waited in reverse order, point to point (and any source), on
-// MPI_COMM_WORLD and on a split of it; and what is refused says why.
+// MPI_COMM_WORLD and on a split of it; large all-reduces through loom's
+// shared memory (or, with LOOM_MPI_SHARED_MEMORY=0, MPI's calls in pieces),
+// and a late rank named by the shared-memory wait's timeout; and what is
+// refused says why.
 #include "../../src/comm/mpi_backend.hpp"
 
 #include <loom/errors.hpp>
 
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -183,6 +189,115 @@ void collectives(mpi_backend& group, const char* label) {
   group.barrier()->wait();
 }
 
+// Whether this run expects large all-reduces through loom's shared memory
+// (tests/dist/mpi.sh also runs with LOOM_MPI_SHARED_MEMORY=0, MPI's path).
+bool shared_memory_expected() {
+  const char* setting = std::getenv("LOOM_MPI_SHARED_MEMORY");
+  return setting == nullptr || std::string(setting) != "0";
+}
+
+// Large all-reduces (>= 1 MiB; the shared-memory path when the group has
+// it, else MPI's blocking calls in pieces): every dtype and reduction, sizes
+// that leave a ragged last piece, a non-contiguous tensor, and results
+// equal bit for bit on every rank.
+void large_reductions(mpi_backend& group, const char* label) {
+  const int rank = group.getRank();
+  const int size = group.getSize();
+  EXPECT(group.shares_memory() == shared_memory_expected(), "%s: shares_memory() is %d", label,
+         static_cast<int>(group.shares_memory()));
+  // Values exact in bf16 and fp16; products of 4 ranks stay below fp16's range.
+  auto big_values = [](int r, std::int64_t n, c10::ScalarType type) {
+    return ((at::arange(n, at::kLong) % 8).to(at::kDouble) / 8 + r + 1).to(type);
+  };
+  const std::uint64_t shared_before = group.shared_reductions();
+  std::uint64_t reductions = 0;
+  for (auto type : {at::kFloat, at::kDouble, at::kLong, at::kInt, at::kBFloat16, at::kHalf}) {
+    const std::string name = c10::toString(type);
+    // Just over 1 MiB: whole pieces and a ragged one.
+    const std::int64_t n = (std::int64_t{1} << 20) / c10::elementSize(type) + 4099;
+    for (auto op : {c10d::ReduceOp::SUM, c10d::ReduceOp::AVG, c10d::ReduceOp::PRODUCT, c10d::ReduceOp::MIN,
+                    c10d::ReduceOp::MAX}) {
+      if (op == c10d::ReduceOp::AVG && !at::isFloatingType(type)) continue;
+      std::vector<at::Tensor> t{big_values(rank, n, type)};
+      group.allreduce(t, c10d::AllreduceOptions{.reduceOp = op})->wait();
+      ++reductions;
+      at::Tensor expected = big_values(0, n, type).to(at::kDouble);
+      for (int r = 1; r < size; ++r) {
+        const at::Tensor v = big_values(r, n, type).to(at::kDouble);
+        if (op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG) expected = expected + v;
+        if (op == c10d::ReduceOp::PRODUCT) expected = expected * v;
+        if (op == c10d::ReduceOp::MIN) expected = at::minimum(expected, v);
+        if (op == c10d::ReduceOp::MAX) expected = at::maximum(expected, v);
+      }
+      if (op == c10d::ReduceOp::AVG) expected = expected / size;
+      const double tolerance = type == at::kBFloat16 ? 2e-2 : type == at::kHalf ? 2e-3 : 1e-12;
+      EXPECT(at::allclose(t.front().to(at::kDouble), expected, tolerance, tolerance), "%s large all_reduce op %d on %s",
+             label, static_cast<int>(op), name.c_str());
+      // The replicas agree bit for bit.
+      at::Tensor all = at::empty({size * n}, type);
+      group._allgather_base(all, t.front())->wait();
+      for (int r = 0; r < size; ++r) {
+        EXPECT(at::equal(all.narrow(0, r * n, n), t.front()), "%s large all_reduce op %d on %s: rank %d differs",
+               label, static_cast<int>(op), name.c_str(), r);
+      }
+    }
+  }
+  // Several MiB of float (many pieces on either path), and a non-contiguous one.
+  std::vector<at::Tensor> long_one{at::full({(std::int64_t{3} << 19) + 7}, static_cast<float>(rank + 1))};
+  group.allreduce(long_one)->wait();
+  ++reductions;
+  EXPECT(at::equal(long_one.front(), at::full_like(long_one.front(), size * (size + 1) / 2.0f)), "%s 6 MiB all_reduce",
+         label);
+  at::Tensor matrix = at::full({300, 1024}, static_cast<float>(rank)).t();
+  std::vector<at::Tensor> strided{matrix};
+  group.allreduce(strided)->wait();
+  ++reductions;
+  EXPECT(at::equal(matrix, at::full({1024, 300}, size * (size - 1) / 2.0f)), "%s large non-contiguous all_reduce", label);
+  // The bitwise reductions stay with MPI.
+  std::vector<at::Tensor> bits{at::full({1 << 18}, std::int64_t{1} << rank, at::kLong)};
+  group.allreduce(bits, c10d::AllreduceOptions{.reduceOp = c10d::ReduceOp::BOR})->wait();
+  EXPECT(bits.front()[0].item<std::int64_t>() == (std::int64_t{1} << size) - 1, "%s large BOR", label);
+  const std::uint64_t through_shared = group.shared_reductions() - shared_before;
+  EXPECT(through_shared == (group.shares_memory() ? reductions : 0), "%s: %llu of %llu large all-reduces went through "
+         "shared memory", label, static_cast<unsigned long long>(through_shared),
+         static_cast<unsigned long long>(reductions));
+}
+
+// A rank that arrives late at a shared-memory all-reduce: the others end
+// with loom::peer_error naming it after the group's timeout, and refuse the
+// next one; the late rank ends with the same error at the next piece.
+void shared_memory_timeout(MPI_Comm comm) {
+  auto group = mpi_backend::create(comm, std::chrono::milliseconds(300));
+  if (!group->shares_memory()) return;
+  const int rank = group->getRank();
+  const int last = group->getSize() - 1;
+  std::vector<at::Tensor> t{at::ones({1 << 18})};
+  if (rank == last) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  std::string error;
+  try {
+    group->allreduce(t)->wait();
+  } catch (const loom::peer_error& e) {
+    error = e.what();
+  }
+  if (rank == last) {
+    // It passes the first piece's meeting (the others had arrived there),
+    // then waits alone at the second, which they left.
+    EXPECT(error.find("did not arrive within the timeout") != std::string::npos, "the late rank: '%s'", error.c_str());
+  } else {
+    EXPECT(error.find("rank(s) " + std::to_string(last) + " did not arrive within the timeout of 300 ms") !=
+               std::string::npos,
+           "the late rank was not named: '%s'", error.c_str());
+    std::string next;
+    try {
+      group->allreduce(t)->wait();
+    } catch (const loom::peer_error& e) {
+      next = e.what();
+    }
+    EXPECT(next.find("out of step") != std::string::npos, "a timed-out group took more work: '%s'", next.c_str());
+  }
+  MPI_Barrier(comm);
+}
+
 void refusals(mpi_backend& group) {
   auto says = [](auto&& call, const std::string& expected) {
     try {
@@ -217,6 +332,7 @@ int main(int argc, char** argv) {
     {
       auto world = mpi_backend::create(MPI_COMM_WORLD, std::chrono::minutes(1));
       collectives(*world, "world");
+      large_reductions(*world, "world");
       refusals(*world);
       // The application's own traffic on MPI_COMM_WORLD does not match loom's
       // (the group works on a duplicate): a message of the application's, sent
@@ -231,6 +347,7 @@ int main(int argc, char** argv) {
       EXPECT(world_rank > 1 || token == 42, "the application's message was taken by loom's group");
       EXPECT(world->completed() > 0, "nothing completed");
     }
+    if (shared_memory_expected()) shared_memory_timeout(MPI_COMM_WORLD);
     // A split of the application's communicator: two independent groups.
     if (world_size >= 4) {
       MPI_Comm half = MPI_COMM_NULL;
@@ -244,6 +361,7 @@ int main(int argc, char** argv) {
         EXPECT(t.front()[0].item<float>() == expected, "split group of parity %d: got %f", world_rank % 2,
                t.front()[0].item<float>());
         collectives(*group, "split");
+        large_reductions(*group, "split");
       }
       MPI_Comm_free(&half);
     }
