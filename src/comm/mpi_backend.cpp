@@ -478,7 +478,7 @@ c10::intrusive_ptr<c10d::Work> mpi_backend::allreduce(std::vector<at::Tensor>& t
   const int size = getSize();
   const auto shared_op = shared_memory_op_of(opts.reduceOp);
   const bool through_shared_memory =
-      shared_ != nullptr && shared_op.has_value() && shared_memory_sum::handles(wire.scalar_type()) && runs_blocking(wire);
+      shared_ != nullptr && shared_op.has_value() && shared_memory_sum::handles(wire.scalar_type());
   return enqueue(
       c10d::OpType::ALLREDUCE, "MPI_Iallreduce",
       [=, this]() mutable {

@@ -16,7 +16,7 @@
 // - MPI must provide MPI_THREAD_MULTIPLE (the application's threads and
 //   loom's progress thread may call MPI at once): an application that
 //   initialised MPI with less is refused with a sentence saying so.
-// - Large all-reduces among ranks of one node go through loom's shared
+// - All-reduces among ranks of one node go through loom's shared
 //   memory (mpi_shared_memory_sum.hpp); the rest through MPI.
 // - bf16 and fp16 are reduced by user-defined MPI operations that add in
 //   fp32 and round once per pair; AVG is a sum divided by the group size.
@@ -100,7 +100,7 @@ class mpi_backend final : public compat::c10d_backend {
   // Operations completed, and MPI_Test calls made (the back-off's cost).
   std::uint64_t completed() const noexcept { return completed_; }
   std::uint64_t tests() const noexcept { return tests_; }
-  // Large all-reduces done through the node's shared memory (0 when the
+  // All-reduces done through the node's shared memory (0 when the
   // group does not use it: see mpi_shared_memory_sum.hpp).
   bool shares_memory() const noexcept { return shared_ != nullptr; }
   std::uint64_t shared_reductions() const noexcept { return shared_ ? shared_->reductions() : 0; }
@@ -123,7 +123,7 @@ class mpi_backend final : public compat::c10d_backend {
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::chrono::milliseconds timeout_;
-  // Used by the progress thread only, for the large all-reduces it can do.
+  // Used by the progress thread only, for the all-reduces it can do.
   std::unique_ptr<shared_memory_sum> shared_;
   std::mutex mutex_;
   std::condition_variable wake_;

@@ -101,12 +101,13 @@ std::unique_ptr<shared_memory_sum> shared_memory_sum::create(MPI_Comm comm, std:
     if (segment != nullptr) ::munmap(segment, bytes);
     return nullptr;
   }
-  return std::make_unique<shared_memory_sum>(segment, bytes, rank, size, timeout);
+  return std::make_unique<shared_memory_sum>(comm, segment, bytes, rank, size, timeout);
 }
 
-shared_memory_sum::shared_memory_sum(void* segment, std::size_t bytes, int rank, int size,
+shared_memory_sum::shared_memory_sum(MPI_Comm comm, void* segment, std::size_t bytes, int rank, int size,
                                      std::chrono::milliseconds timeout)
-    : segment_(static_cast<std::byte*>(segment)), bytes_(bytes), rank_(rank), size_(size), timeout_(timeout) {}
+    : comm_(comm), segment_(static_cast<std::byte*>(segment)), bytes_(bytes), rank_(rank), size_(size),
+      timeout_(timeout) {}
 
 shared_memory_sum::~shared_memory_sum() { ::munmap(segment_, bytes_); }
 
@@ -131,6 +132,13 @@ void shared_memory_sum::synchronise() {
   auto pause = std::chrono::microseconds(1);
   for (int r = 0; r < size_; ++r) {
     while (arrival(r).load(std::memory_order_acquire) < generation_) {
+      // This runs on the progress thread, which tests nothing while it waits
+      // here; a peer may be waiting, before it comes, for a message of ours
+      // already in flight (a send whose fragments only our progress pushes).
+      // MPI_Iprobe consumes nothing but runs OpenMPI's progress engine,
+      // which moves every pending request of this process.
+      int pending = 0;
+      MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &pending, MPI_STATUS_IGNORE);
       const auto waited = std::chrono::steady_clock::now() - start;
       if (waited < yield_window) {
         std::this_thread::yield();

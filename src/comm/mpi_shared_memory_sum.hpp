@@ -1,6 +1,7 @@
-// The MPI group's all-reduce for large tensors when every member runs on one
-// node: through a shared-memory segment of loom's own, instead of MPI's
-// point-to-point messages.
+// The MPI group's all-reduce when every member runs on one node: through a
+// shared-memory segment of loom's own, instead of MPI's messages, at every
+// size (64 KiB: 10.8 us against MPI_Iallreduce's 29 us; 1 KiB: 5.8 against
+// 7.0 us).
 //
 // Each piece (256 KiB) of the tensor is copied into the rank's slot of the
 // segment; after one synchronisation every rank reduces all slots, in rank
@@ -24,7 +25,9 @@
 // The segment is POSIX shared memory (shm_open by rank 0, unlinked once
 // every rank has mapped it), not an MPI window: freeing it is a local
 // munmap, where MPI_Win_free is collective and would hang a rank that
-// unwinds after its peer died. Waits yield the core, then sleep (1 us
+// unwinds after its peer died. While it waits it runs MPI's progress engine
+// (MPI_Iprobe), so messages this rank has in flight still move: a peer may
+// wait for one of them before it comes. Waits yield the core, then sleep (1 us
 // doubling to 128 us), and end with loom::peer_error after the group's
 // timeout naming the ranks that never arrived; a reducer that timed out
 // refuses further work (its peers' counters are out of step).
@@ -58,7 +61,8 @@ class shared_memory_sum {
   // segment cannot be made (a full /dev/shm).
   static std::unique_ptr<shared_memory_sum> create(MPI_Comm comm, std::chrono::milliseconds timeout);
 
-  shared_memory_sum(void* segment, std::size_t bytes, int rank, int size, std::chrono::milliseconds timeout);
+  shared_memory_sum(MPI_Comm comm, void* segment, std::size_t bytes, int rank, int size,
+                    std::chrono::milliseconds timeout);
   ~shared_memory_sum();
   shared_memory_sum(const shared_memory_sum&) = delete;
   shared_memory_sum& operator=(const shared_memory_sum&) = delete;
@@ -80,6 +84,7 @@ class shared_memory_sum {
   std::atomic_ref<std::uint64_t> arrival(int rank) const noexcept;
   void synchronise();
 
+  MPI_Comm comm_;  // the group's (probed while waiting, never owned)
   std::byte* segment_;
   std::size_t bytes_;
   int rank_, size_;

@@ -263,6 +263,27 @@ void large_reductions(mpi_backend& group, const char* label) {
          static_cast<unsigned long long>(reductions));
 }
 
+// Rank 0 sends 4 MiB to rank 1, then all-reduces; rank 1 waits for the
+// message before it all-reduces. Rank 0's progress thread waits in the
+// all-reduce meanwhile, and the message must still move (without CMA, only
+// the sender's progress pushes its fragments).
+void send_then_all_reduce(mpi_backend& group, const char* label) {
+  const int rank = group.getRank();
+  std::vector<at::Tensor> message{at::full({1 << 20}, 7.0f)};
+  std::vector<at::Tensor> t{at::ones({1 << 18})};
+  if (rank == 0) {
+    auto sending = group.send(message, 1, 11);
+    group.allreduce(t)->wait();
+    sending->wait();
+  } else {
+    if (rank == 1) group.recv(message, 0, 11)->wait();
+    group.allreduce(t)->wait();
+  }
+  EXPECT(at::equal(message.front(), at::full({1 << 20}, 7.0f)), "%s: the message before the all-reduce", label);
+  EXPECT(at::equal(t.front(), at::full({1 << 18}, static_cast<float>(group.getSize()))), "%s: the all-reduce after "
+         "a message", label);
+}
+
 // A rank that arrives late at a shared-memory all-reduce: the others end
 // with loom::peer_error naming it after the group's timeout, and refuse the
 // next one; the late rank ends with the same error at the next piece.
@@ -333,6 +354,7 @@ int main(int argc, char** argv) {
       auto world = mpi_backend::create(MPI_COMM_WORLD, std::chrono::minutes(1));
       collectives(*world, "world");
       large_reductions(*world, "world");
+      send_then_all_reduce(*world, "world");
       refusals(*world);
       // The application's own traffic on MPI_COMM_WORLD does not match loom's
       // (the group works on a duplicate): a message of the application's, sent
