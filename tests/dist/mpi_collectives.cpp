@@ -42,6 +42,25 @@ at::Tensor values(int rank, std::int64_t n, c10::ScalarType type) {
   return (at::arange(n, at::kDouble) / 8 + rank + 1).to(type);
 }
 
+// In double: every rank's values_of(r) reduced with op.
+template <class Values>
+at::Tensor expected_reduction(Values values_of, int size, c10d::ReduceOp op) {
+  at::Tensor expected = values_of(0).to(at::kDouble);
+  for (int r = 1; r < size; ++r) {
+    const at::Tensor v = values_of(r).to(at::kDouble);
+    if (op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG) expected = expected + v;
+    if (op == c10d::ReduceOp::PRODUCT) expected = expected * v;
+    if (op == c10d::ReduceOp::MIN) expected = at::minimum(expected, v);
+    if (op == c10d::ReduceOp::MAX) expected = at::maximum(expected, v);
+  }
+  return op == c10d::ReduceOp::AVG ? expected / size : expected;
+}
+
+// 16-bit results are rounded once per pair: compare in their precision.
+double tolerance_of(c10::ScalarType type) {
+  return type == at::kBFloat16 ? 2e-2 : type == at::kHalf ? 2e-3 : 1e-12;
+}
+
 void collectives(mpi_backend& group, const char* label) {
   const int rank = group.getRank();
   const int size = group.getSize();
@@ -54,17 +73,8 @@ void collectives(mpi_backend& group, const char* label) {
       if (op == c10d::ReduceOp::AVG && !at::isFloatingType(type)) continue;
       std::vector<at::Tensor> t{values(rank, n, type)};
       group.allreduce(t, c10d::AllreduceOptions{.reduceOp = op})->wait();
-      at::Tensor expected = values(0, n, type).to(at::kDouble);
-      for (int r = 1; r < size; ++r) {
-        const at::Tensor v = values(r, n, type).to(at::kDouble);
-        if (op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG) expected = expected + v;
-        if (op == c10d::ReduceOp::PRODUCT) expected = expected * v;
-        if (op == c10d::ReduceOp::MIN) expected = at::minimum(expected, v);
-        if (op == c10d::ReduceOp::MAX) expected = at::maximum(expected, v);
-      }
-      if (op == c10d::ReduceOp::AVG) expected = expected / size;
-      // 16-bit results are rounded once per pair: compare in their precision.
-      const double tolerance = type == at::kBFloat16 ? 2e-2 : type == at::kHalf ? 2e-3 : 1e-12;
+      const at::Tensor expected = expected_reduction([&](int r) { return values(r, n, type); }, size, op);
+      const double tolerance = tolerance_of(type);
       const bool ok = at::allclose(t.front().to(at::kDouble), expected, tolerance, tolerance);
       EXPECT(ok, "%s all_reduce op %d on %s: got %s", label, static_cast<int>(op), name.c_str(),
              c10::str(t.front()).c_str());
@@ -221,16 +231,8 @@ void large_reductions(mpi_backend& group, const char* label) {
       std::vector<at::Tensor> t{big_values(rank, n, type)};
       group.allreduce(t, c10d::AllreduceOptions{.reduceOp = op})->wait();
       ++reductions;
-      at::Tensor expected = big_values(0, n, type).to(at::kDouble);
-      for (int r = 1; r < size; ++r) {
-        const at::Tensor v = big_values(r, n, type).to(at::kDouble);
-        if (op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG) expected = expected + v;
-        if (op == c10d::ReduceOp::PRODUCT) expected = expected * v;
-        if (op == c10d::ReduceOp::MIN) expected = at::minimum(expected, v);
-        if (op == c10d::ReduceOp::MAX) expected = at::maximum(expected, v);
-      }
-      if (op == c10d::ReduceOp::AVG) expected = expected / size;
-      const double tolerance = type == at::kBFloat16 ? 2e-2 : type == at::kHalf ? 2e-3 : 1e-12;
+      const at::Tensor expected = expected_reduction([&](int r) { return big_values(r, n, type); }, size, op);
+      const double tolerance = tolerance_of(type);
       EXPECT(at::allclose(t.front().to(at::kDouble), expected, tolerance, tolerance), "%s large all_reduce op %d on %s",
              label, static_cast<int>(op), name.c_str());
       // The replicas agree bit for bit.
