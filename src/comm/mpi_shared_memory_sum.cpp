@@ -3,13 +3,17 @@
 
 #include <loom/errors.hpp>
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <type_traits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -111,10 +115,6 @@ shared_memory_sum::shared_memory_sum(MPI_Comm comm, void* segment, std::size_t b
 
 shared_memory_sum::~shared_memory_sum() { ::munmap(segment_, bytes_); }
 
-bool shared_memory_sum::handles(c10::ScalarType type) noexcept {
-  return type != at::kBool && !at::isComplexType(type) &&
-         (at::isFloatingType(type) || at::isIntegralType(type, /*includeBool=*/false));
-}
 
 std::byte* shared_memory_sum::slot(int rank, int parity) const noexcept {
   return segment_ + header_bytes + (static_cast<std::size_t>(rank) * 2 + static_cast<std::size_t>(parity)) * piece_bytes;
@@ -164,50 +164,130 @@ void shared_memory_sum::synchronise() {
   }
 }
 
+namespace {
+
+// The reduction kernels: single-threaded (they run on the progress thread,
+// beside the application's compute, as MPI's own reductions do), with no
+// allocation and no dispatch per piece. The blocks of 16 let g++ -O2
+// vectorise them (its cheap cost model refuses a loop that needs a scalar
+// epilogue; measured 7.0 us per 256 KiB of float, as at::add_out).
+constexpr std::int64_t block = 16;
+
+// out[i] = f(out[i], in[i]); in never aliases out.
+template <class T, class F>
+void fold_into(T* __restrict out, const T* __restrict in, std::int64_t n, F f) {
+  std::int64_t i = 0;
+  for (; i + block <= n; i += block) {
+    for (std::int64_t j = 0; j < block; ++j) out[i + j] = f(out[i + j], in[i + j]);
+  }
+  for (; i < n; ++i) out[i] = f(out[i], in[i]);
+}
+
+// out[i] = f(a[i], b[i]); out aliases neither.
+template <class T, class F>
+void combine_into(T* __restrict out, const T* __restrict a, const T* __restrict b, std::int64_t n, F f) {
+  std::int64_t i = 0;
+  for (; i + block <= n; i += block) {
+    for (std::int64_t j = 0; j < block; ++j) out[i + j] = f(a[i + j], b[i + j]);
+  }
+  for (; i < n; ++i) out[i] = f(a[i], b[i]);
+}
+
+// The operation on T; bf16 and fp16 combine in fp32 and round once, as the
+// MPI path's operations do. min and max propagate NaN.
+template <class T>
+auto function_of(shared_memory_sum::op operation) {
+  using wide = std::conditional_t<std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, c10::Half>, float, T>;
+  return [operation](T x, T y) -> T {
+    const wide a = static_cast<wide>(x), b = static_cast<wide>(y);
+    switch (operation) {
+      case shared_memory_sum::op::sum: return static_cast<T>(a + b);
+      case shared_memory_sum::op::product: return static_cast<T>(a * b);
+      case shared_memory_sum::op::min: return static_cast<T>(b < a ? b : (b != b ? b : a));
+      case shared_memory_sum::op::max: return static_cast<T>(b > a ? b : (b != b ? b : a));
+    }
+    return x;
+  };
+}
+
+// Specialised per operation, so that the switch leaves the inner loops.
+template <class T, shared_memory_sum::op operation>
+T apply(T x, T y) {
+  return function_of<T>(operation)(x, y);
+}
+
+// Reduces one piece: out = slot 0 (op) slot 1 (op) ... in rank order, on
+// every rank. out holds this rank's own values, so it stands for this
+// rank's slot where the result is the same bit for bit: rank 0's left
+// operand, and rank 1's right one in a sum or product (commutative in IEEE
+// arithmetic; min and max are not, for signed zeros). One stream less.
+template <class T, shared_memory_sum::op operation>
+void reduce_piece(T* out, const std::array<const T*, shared_memory_sum::max_ranks>& slots, int rank, int size,
+                  std::int64_t n) {
+  constexpr bool commutes = operation == shared_memory_sum::op::sum || operation == shared_memory_sum::op::product;
+  const auto f = [](T x, T y) { return apply<T, operation>(x, y); };
+  if (rank == 0) fold_into(out, slots[1], n, f);
+  else if (rank == 1 && commutes) fold_into(out, slots[0], n, f);
+  else combine_into(out, slots[0], slots[1], n, f);
+  for (int r = 2; r < size; ++r) fold_into(out, slots[static_cast<std::size_t>(r)], n, f);
+}
+
+template <class T>
+void reduce_piece(shared_memory_sum::op operation, std::byte* out, const std::array<const std::byte*, shared_memory_sum::max_ranks>& slots,
+                  int rank, int size, std::int64_t n) {
+  std::array<const T*, shared_memory_sum::max_ranks> typed{};
+  for (int r = 0; r < size; ++r) typed[static_cast<std::size_t>(r)] = reinterpret_cast<const T*>(slots[static_cast<std::size_t>(r)]);
+  T* target = reinterpret_cast<T*>(out);
+  switch (operation) {
+    case shared_memory_sum::op::sum: return reduce_piece<T, shared_memory_sum::op::sum>(target, typed, rank, size, n);
+    case shared_memory_sum::op::product: return reduce_piece<T, shared_memory_sum::op::product>(target, typed, rank, size, n);
+    case shared_memory_sum::op::min: return reduce_piece<T, shared_memory_sum::op::min>(target, typed, rank, size, n);
+    case shared_memory_sum::op::max: return reduce_piece<T, shared_memory_sum::op::max>(target, typed, rank, size, n);
+  }
+}
+
+using piece_reducer = void (*)(shared_memory_sum::op, std::byte*, const std::array<const std::byte*, shared_memory_sum::max_ranks>&,
+                               int, int, std::int64_t);
+
+// The kernel for type; none for bool and complex, which stay with MPI.
+piece_reducer reducer_of(c10::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return &reduce_piece<float>;
+    case at::kDouble: return &reduce_piece<double>;
+    case at::kBFloat16: return &reduce_piece<c10::BFloat16>;
+    case at::kHalf: return &reduce_piece<c10::Half>;
+    case at::kLong: return &reduce_piece<std::int64_t>;
+    case at::kInt: return &reduce_piece<std::int32_t>;
+    case at::kShort: return &reduce_piece<std::int16_t>;
+    case at::kChar: return &reduce_piece<std::int8_t>;
+    case at::kByte: return &reduce_piece<std::uint8_t>;
+    default: return nullptr;
+  }
+}
+
+}  // namespace
+
+bool shared_memory_sum::handles(c10::ScalarType type) noexcept { return reducer_of(type) != nullptr; }
+
 void shared_memory_sum::all_reduce(at::Tensor& tensor, op operation) {
   if (broken_) {
     throw peer_error("all_reduce through shared memory on rank " + std::to_string(rank_) +
                      ": an earlier wait timed out, so the members' counters are out of step; make a new group");
   }
+  const piece_reducer reduce = reducer_of(tensor.scalar_type());
   const std::int64_t element = tensor.element_size();
   const std::int64_t per_piece = static_cast<std::int64_t>(piece_bytes) / element;
   const std::int64_t count = tensor.numel();
   auto* data = static_cast<std::byte*>(tensor.data_ptr());
-  const auto options = tensor.options();
+  std::array<const std::byte*, max_ranks> slots{};
   for (std::int64_t offset = 0; offset < count; offset += per_piece) {
     const std::int64_t length = std::min(per_piece, count - offset);
     const int parity = static_cast<int>(pieces_++ % 2);
     std::byte* mine = data + offset * element;
     std::memcpy(slot(rank_, parity), mine, static_cast<std::size_t>(length * element));
     synchronise();
-    // Every rank: out = slot 0 (op) slot 1 (op) ... in rank order. out
-    // holds this rank's own values, so it stands for this rank's slot where
-    // the result is the same bit for bit: rank 0's left operand, and rank
-    // 1's right one in a sum or product (commutative in IEEE arithmetic;
-    // min and max are not, for signed zeros). One stream less to read.
-    at::Tensor out = at::from_blob(mine, {length}, options);
-    auto piece_of = [&](int r) { return at::from_blob(slot(r, parity), {length}, options); };
-    const bool commutes = operation == op::sum || operation == op::product;
-    const at::Tensor left = rank_ == 0 ? out : piece_of(0);
-    const at::Tensor right = rank_ == 1 && commutes ? out : piece_of(1);
-    switch (operation) {
-      case op::sum:
-        at::add_out(out, left, right);
-        for (int r = 2; r < size_; ++r) out.add_(piece_of(r));
-        break;
-      case op::product:
-        at::mul_out(out, left, right);
-        for (int r = 2; r < size_; ++r) out.mul_(piece_of(r));
-        break;
-      case op::min:
-        at::minimum_out(out, left, right);
-        for (int r = 2; r < size_; ++r) at::minimum_out(out, out, piece_of(r));
-        break;
-      case op::max:
-        at::maximum_out(out, left, right);
-        for (int r = 2; r < size_; ++r) at::maximum_out(out, out, piece_of(r));
-        break;
-    }
+    for (int r = 0; r < size_; ++r) slots[static_cast<std::size_t>(r)] = slot(r, parity);
+    reduce(operation, mine, slots, rank_, size_, length);
   }
   reductions_.fetch_add(1, std::memory_order_relaxed);
 }

@@ -14,6 +14,8 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -255,6 +257,17 @@ void large_reductions(mpi_backend& group, const char* label) {
   group.allreduce(strided)->wait();
   ++reductions;
   EXPECT(at::equal(matrix, at::full({1024, 300}, size * (size - 1) / 2.0f)), "%s large non-contiguous all_reduce", label);
+  // min and max through shared memory propagate a NaN of any rank's.
+  if (group.shares_memory()) {
+    for (auto op : {c10d::ReduceOp::MIN, c10d::ReduceOp::MAX}) {
+      std::vector<at::Tensor> t{at::full({1 << 16}, static_cast<float>(rank))};
+      if (rank == size - 1) t.front()[5] = std::numeric_limits<float>::quiet_NaN();
+      group.allreduce(t, c10d::AllreduceOptions{.reduceOp = op})->wait();
+      ++reductions;
+      EXPECT(std::isnan(t.front()[5].item<float>()) && at::isnan(t.front()).sum().item<std::int64_t>() == 1,
+             "%s: op %d lost a NaN", label, static_cast<int>(op));
+    }
+  }
   // The bitwise reductions stay with MPI.
   std::vector<at::Tensor> bits{at::full({1 << 18}, std::int64_t{1} << rank, at::kLong)};
   group.allreduce(bits, c10d::AllreduceOptions{.reduceOp = c10d::ReduceOp::BOR})->wait();
