@@ -11,7 +11,9 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/sgd.h>
 
+#include <iostream>
 #include <map>
+#include <sstream>
 #include <string>
 
 namespace {
@@ -101,6 +103,25 @@ TEST_CASE("connector: precision inputs and Lightning's fallbacks", "[runtime]") 
   CHECK_THAT(refusal({.precision = "8-true"}),
              Catch::Contains("precision '8-true' is not valid") && Catch::Contains("bf16-mixed"));
   CHECK_THAT(refusal({.precision = 8}), Catch::Contains("precision '8'"));
+}
+
+TEST_CASE("resolve prints each connector warning once per process", "[runtime]") {
+  // Applications resolve before make_fabric to pick options by the chosen
+  // strategy (examples/fashion_mnist.cpp): three resolutions, at most one
+  // line (none if an earlier test in this process printed it already).
+  std::ostringstream captured;
+  auto* const original = std::cerr.rdbuf(captured.rdbuf());
+  for (int i = 0; i < 3; ++i) {
+    const auto resolved = loom::runtime::resolve(loom::fabric_config{.precision = "bf16"}, std::nullopt);
+    CHECK(resolved.chosen.warnings.size() == 1);  // the list keeps it every time
+  }
+  std::cerr.rdbuf(original);
+  const std::string text = captured.str();
+  std::size_t lines = 0;
+  for (auto at = text.find("historical reasons"); at != std::string::npos; at = text.find("historical reasons", at + 1)) {
+    ++lines;
+  }
+  CHECK(lines <= 1);
 }
 
 TEST_CASE("connector: impossible requests say what is accepted", "[runtime]") {

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <iostream>
+#include <mutex>
+#include <set>
 
 namespace loom::runtime {
 
@@ -103,7 +105,15 @@ resolution resolve(const fabric_config& config, std::optional<strategy_name> str
   out.chosen = connect(std::move(input), machine);
   const auto& cluster = out.chosen.cluster;
   if (cluster.global_rank.value_or(0) == 0 && cluster.node_rank == 0 && cluster.local_rank == 0) {
-    for (const auto& warning : out.chosen.warnings) std::cerr << "loom: warning: " << warning << '\n';
+    // Once per process each, as Python's default warnings filter shows them:
+    // an application that resolves before make_fabric (to pick options by
+    // the chosen strategy) does not see them twice.
+    static std::mutex printed_mutex;
+    static std::set<std::string> printed;
+    std::lock_guard<std::mutex> lock(printed_mutex);
+    for (const auto& warning : out.chosen.warnings) {
+      if (printed.insert(warning).second) std::cerr << "loom: warning: " << warning << '\n';
+    }
   }
   out.options.devices = out.chosen.devices;
   out.options.num_nodes = out.chosen.num_nodes;

@@ -48,7 +48,8 @@ struct registration_options {
 
 // make_fabric's first half: the configuration through the connector (with a
 // strategy object's facts in place of a name lookup when one is given), its
-// warnings printed on rank zero, and the Fabric options that follow.
+// warnings printed on rank zero (each once per process), and the Fabric
+// options that follow.
 struct resolution {
   connection chosen;
   fabric_options options;
