@@ -13,11 +13,11 @@
 
 #include <algorithm>
 #include <array>
-#include <type_traits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <type_traits>
 
 namespace loom::comm {
 
@@ -115,7 +115,6 @@ shared_memory_sum::shared_memory_sum(MPI_Comm comm, void* segment, std::size_t b
 
 shared_memory_sum::~shared_memory_sum() { ::munmap(segment_, bytes_); }
 
-
 std::byte* shared_memory_sum::slot(int rank, int parity) const noexcept {
   return segment_ + header_bytes + (static_cast<std::size_t>(rank) * 2 + static_cast<std::size_t>(parity)) * piece_bytes;
 }
@@ -152,7 +151,8 @@ void shared_memory_sum::synchronise() {
         broken_ = true;
         std::string missing;
         for (int q = 0; q < size_; ++q) {
-          if (arrival(q).load(std::memory_order_acquire) < generation_) missing += (missing.empty() ? "" : ", ") + std::to_string(q);
+          if (arrival(q).load(std::memory_order_acquire) >= generation_) continue;
+          missing += (missing.empty() ? "" : ", ") + std::to_string(q);
         }
         throw peer_error("all_reduce through shared memory on rank " + std::to_string(rank_) + " (mpi group of " +
                          std::to_string(size_) + "): rank(s) " + missing + " did not arrive within the timeout of " +
