@@ -1,5 +1,6 @@
 // loom's c10d process group over MPI (mpi_backend.hpp).
 #include "mpi_backend.hpp"
+#include "mpi_error_text.hpp"
 
 #include <loom/errors.hpp>
 
@@ -281,7 +282,10 @@ c10::intrusive_ptr<mpi_backend> mpi_backend::create_subgroup(const mpi_backend& 
 }
 
 mpi_backend::mpi_backend(MPI_Comm own, int rank, int size, std::chrono::milliseconds timeout)
-    : compat::c10d_backend(rank, size), comm_(own), timeout_(timeout), shared_(shared_memory_sum::create(own, timeout)) {
+    : compat::c10d_backend(rank, size),
+      comm_(own),
+      timeout_(timeout),
+      shared_(shared_memory_sum::create(own, timeout, std::chrono::microseconds(yield_microseconds()))) {
   thread_ = std::thread([this] { progress(); });
 }
 
@@ -298,11 +302,8 @@ mpi_backend::~mpi_backend() {
 }
 
 void mpi_backend::fail(const char* call, int code) const {
-  char text[MPI_MAX_ERROR_STRING] = {};
-  int length = 0;
-  MPI_Error_string(code, text, &length);
   throw peer_error(std::string(call) + " on rank " + std::to_string(getRank()) + " (mpi group of " +
-                   std::to_string(getSize()) + ") failed: " + std::string(text, static_cast<std::size_t>(length)));
+                   std::to_string(getSize()) + ") failed: " + mpi_error_text(code));
 }
 
 c10::intrusive_ptr<c10d::Work> mpi_backend::enqueue(c10d::OpType type, const char* name,

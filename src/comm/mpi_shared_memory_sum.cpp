@@ -1,6 +1,8 @@
 // The MPI group's shared-memory all-reduce (mpi_shared_memory_sum.hpp).
 #include "mpi_shared_memory_sum.hpp"
 
+#include "mpi_error_text.hpp"
+
 #include <loom/errors.hpp>
 
 #include <ATen/core/Tensor.h>
@@ -29,17 +31,10 @@ constexpr std::size_t header_bytes = 4096;
 constexpr std::size_t line_bytes = 64;
 static_assert(shared_memory_sum::max_ranks * line_bytes <= header_bytes);
 
-// How long a wait yields the core before it sleeps between looks (the MPI
-// progress thread's default yield window).
-constexpr auto yield_window = std::chrono::microseconds(2000);
-
 void check(int code, const char* call) {
   if (code == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING] = {};
-  int length = 0;
-  MPI_Error_string(code, text, &length);
   throw peer_error(std::string("mpi process group: ") + call + " while setting up its shared memory failed: " +
-                   std::string(text, static_cast<std::size_t>(length)));
+                   mpi_error_text(code));
 }
 
 // Rank 0's segment: created exclusively, its pages reserved (a full
@@ -64,7 +59,8 @@ void* open_segment(const char* name, std::size_t bytes) {
 
 }  // namespace
 
-std::unique_ptr<shared_memory_sum> shared_memory_sum::create(MPI_Comm comm, std::chrono::milliseconds timeout) {
+std::unique_ptr<shared_memory_sum> shared_memory_sum::create(MPI_Comm comm, std::chrono::milliseconds timeout,
+                                                             std::chrono::microseconds yield_window) {
   int rank = 0, size = 1;
   check(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
   check(MPI_Comm_size(comm, &size), "MPI_Comm_size");
@@ -105,13 +101,13 @@ std::unique_ptr<shared_memory_sum> shared_memory_sum::create(MPI_Comm comm, std:
     if (segment != nullptr) ::munmap(segment, bytes);
     return nullptr;
   }
-  return std::make_unique<shared_memory_sum>(comm, segment, bytes, rank, size, timeout);
+  return std::make_unique<shared_memory_sum>(comm, segment, bytes, rank, size, timeout, yield_window);
 }
 
 shared_memory_sum::shared_memory_sum(MPI_Comm comm, void* segment, std::size_t bytes, int rank, int size,
-                                     std::chrono::milliseconds timeout)
+                                     std::chrono::milliseconds timeout, std::chrono::microseconds yield_window)
     : comm_(comm), segment_(static_cast<std::byte*>(segment)), bytes_(bytes), rank_(rank), size_(size),
-      timeout_(timeout) {}
+      timeout_(timeout), yield_window_(yield_window) {}
 
 shared_memory_sum::~shared_memory_sum() { ::munmap(segment_, bytes_); }
 
@@ -143,7 +139,7 @@ void shared_memory_sum::synchronise() {
         MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &pending, MPI_STATUS_IGNORE);
       }
       const auto waited = std::chrono::steady_clock::now() - start;
-      if (waited < yield_window) {
+      if (waited < yield_window_) {
         std::this_thread::yield();
         continue;
       }

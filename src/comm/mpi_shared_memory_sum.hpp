@@ -59,10 +59,13 @@ class shared_memory_sum {
   // alike, when the members do not all share one node, are more than
   // max_ranks or fewer than 2, LOOM_MPI_SHARED_MEMORY=0 is set, or the
   // segment cannot be made (a full /dev/shm).
-  static std::unique_ptr<shared_memory_sum> create(MPI_Comm comm, std::chrono::milliseconds timeout);
+  // yield_window: how long a wait yields the core before it sleeps between
+  // looks (the progress thread's, LOOM_MPI_YIELD_US).
+  static std::unique_ptr<shared_memory_sum> create(MPI_Comm comm, std::chrono::milliseconds timeout,
+                                                   std::chrono::microseconds yield_window);
 
   shared_memory_sum(MPI_Comm comm, void* segment, std::size_t bytes, int rank, int size,
-                    std::chrono::milliseconds timeout);
+                    std::chrono::milliseconds timeout, std::chrono::microseconds yield_window);
   ~shared_memory_sum();
   shared_memory_sum(const shared_memory_sum&) = delete;
   shared_memory_sum& operator=(const shared_memory_sum&) = delete;
@@ -89,6 +92,7 @@ class shared_memory_sum {
   std::size_t bytes_;
   int rank_, size_;
   std::chrono::milliseconds timeout_;
+  std::chrono::microseconds yield_window_;
   std::uint64_t generation_ = 0, pieces_ = 0;
   std::atomic<std::uint64_t> reductions_{0};
   bool broken_ = false;
