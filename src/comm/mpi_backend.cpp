@@ -1,6 +1,7 @@
 // loom's c10d process group over MPI (mpi_backend.hpp).
 #include "mpi_backend.hpp"
 #include "mpi_error_text.hpp"
+#include "../util/environment_integer.hpp"
 
 #include <loom/errors.hpp>
 
@@ -11,6 +12,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <exception>
+#include <limits>
 #include <numeric>
 #include <optional>
 
@@ -43,41 +45,14 @@ class mpi_backend::work final : public c10d::Work {
 
 namespace {
 
-// How long the progress thread yield-polls after the last progress before it
-// sleeps between tests (LOOM_MPI_YIELD_US; default 2000).
-long yield_microseconds() {
-  const char* value = std::getenv("LOOM_MPI_YIELD_US");
-  return value != nullptr ? std::atol(value) : 2000;
-}
-
-// From this many bytes on, a collective runs as MPI's blocking call on the
-// progress thread (which still progresses everything else in flight):
-// OpenMPI's non-blocking collectives (libnbc) move large messages at a
-// fraction of its tuned blocking ones (64 MiB all-reduce: 1.4x Gloo's time
-// against ~0.5x). OpenMPI's blocking calls poll; loom sets
-// mpi_yield_when_idle when it initialises MPI, so that they yield the core.
-// LOOM_MPI_BLOCKING_BYTES overrides the threshold (default 1 MiB).
-bool runs_blocking(const at::Tensor& tensor) {
-  static const long long threshold = [] {
-    const char* value = std::getenv("LOOM_MPI_BLOCKING_BYTES");
-    return value != nullptr ? std::atoll(value) : (1LL << 20);
-  }();
-  return static_cast<long long>(tensor.numel() * tensor.element_size()) >= threshold;
-}
-
-// A blocking all-reduce in pieces of at most LOOM_MPI_PIECE_BYTES (default
-// 4 MiB), one MPI_Allreduce each. OpenMPI's ring all-reduce mallocs
-// count/size bytes of scratch per call; from 32 MiB of scratch (glibc's
-// largest mmap threshold) that malloc is a fresh mmap whose page faults are
-// paid on every call, and a large working set falls out of cache. Measured
-// here (2 ranks, 64 MiB, raw OpenMPI 4.1): one call 21.0 ms; pieces of
-// 16 MiB 11.2 ms, of 4 MiB 10.6 ms; at 16 MiB and below no change.
-int all_reduce_in_pieces(void* data, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm) {
-  static const long long piece_bytes = [] {
-    const char* value = std::getenv("LOOM_MPI_PIECE_BYTES");
-    const long long bytes = value != nullptr ? std::atoll(value) : (4LL << 20);
-    return bytes > 0 ? bytes : (4LL << 20);
-  }();
+// A blocking all-reduce in pieces of at most piece_bytes, one MPI_Allreduce
+// each. OpenMPI's ring all-reduce mallocs count/size bytes of scratch per
+// call; from 32 MiB of scratch (glibc's largest mmap threshold) that malloc
+// is a fresh mmap whose page faults are paid on every call, and a large
+// working set falls out of cache. Measured here (2 ranks, 64 MiB, raw
+// OpenMPI 4.1): one call 21.0 ms; pieces of 16 MiB 11.2 ms, of 4 MiB
+// 10.6 ms; at 16 MiB and below no change.
+int all_reduce_in_pieces(void* data, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm, long long piece_bytes) {
   int element = 1;
   MPI_Type_size(type, &element);
   const int piece = static_cast<int>(std::max<long long>(1, piece_bytes / element));
@@ -89,17 +64,6 @@ int all_reduce_in_pieces(void* data, int count, MPI_Datatype type, MPI_Op op, MP
     if (code != MPI_SUCCESS) return code;
   }
   return MPI_SUCCESS;
-}
-
-// LOOM_MPI_SYNCHRONOUS=1: every operation completes in the calling thread
-// before the call returns (no asynchronous completion), to measure what the
-// progress thread's overlap is worth.
-bool synchronous_completion() {
-  static const bool on = [] {
-    const char* value = std::getenv("LOOM_MPI_SYNCHRONOUS");
-    return value != nullptr && std::string(value) == "1";
-  }();
-  return on;
 }
 
 // ---------------------------------------------------------------- dtypes
@@ -229,6 +193,9 @@ int count_of(const at::Tensor& tensor) {
 
 // ------------------------------------------------------------ lifecycle
 c10::intrusive_ptr<mpi_backend> mpi_backend::create(MPI_Comm parent, std::chrono::milliseconds timeout) {
+  // A malformed LOOM_MPI_* setting fails here, before this rank touches MPI:
+  // the process ends, and no peer waits for it in a collective.
+  (void)settings::from_environment();
   int initialised = 0;
   MPI_Initialized(&initialised);
   int provided = MPI_THREAD_SINGLE;
@@ -285,8 +252,24 @@ mpi_backend::mpi_backend(MPI_Comm own, int rank, int size, std::chrono::millisec
     : compat::c10d_backend(rank, size),
       comm_(own),
       timeout_(timeout),
-      shared_(shared_memory_sum::create(own, timeout, std::chrono::microseconds(yield_microseconds()))) {
+      settings_(settings::from_environment()),
+      shared_(shared_memory_sum::create(own, timeout, settings_.yield_window, settings_.shared_memory)) {
   thread_ = std::thread([this] { progress(); });
+}
+
+mpi_backend::settings mpi_backend::settings::from_environment() {
+  constexpr long long most = std::numeric_limits<int>::max();
+  return {
+      .yield_window = std::chrono::microseconds(detail::environment_integer("LOOM_MPI_YIELD_US", 0, 10'000'000).value_or(2000)),
+      .blocking_bytes = detail::environment_integer("LOOM_MPI_BLOCKING_BYTES", 0, most).value_or(1LL << 20),
+      .piece_bytes = detail::environment_integer("LOOM_MPI_PIECE_BYTES", 1, most).value_or(4LL << 20),
+      .synchronous = detail::environment_integer("LOOM_MPI_SYNCHRONOUS", 0, 1).value_or(0) == 1,
+      .shared_memory = detail::environment_integer("LOOM_MPI_SHARED_MEMORY", 0, 1).value_or(1) == 1,
+  };
+}
+
+bool mpi_backend::runs_blocking(const at::Tensor& tensor) const noexcept {
+  return static_cast<long long>(tensor.numel() * tensor.element_size()) >= settings_.blocking_bytes;
 }
 
 mpi_backend::~mpi_backend() {
@@ -311,10 +294,13 @@ c10::intrusive_ptr<c10d::Work> mpi_backend::enqueue(c10d::OpType type, const cha
                                                     std::vector<at::Tensor> outputs) {
   if (type != c10d::OpType::SEND && type != c10d::OpType::RECV && type != c10d::OpType::RECVANYSOURCE) ++sequence_;
   auto done = c10::make_intrusive<work>(getRank(), type, std::move(outputs));
-  if (synchronous_completion()) {
+  if (settings_.synchronous) {
     // For measurement only (bench/ddp_mpi_vs_gloo.sh): the operation runs to
     // its end in the caller, so nothing overlaps it. A receive waited before
-    // its matching send is issued deadlocks in this mode.
+    // its matching send is issued deadlocks in this mode. One caller at a
+    // time: the shared-memory all-reduce's state is the progress thread's
+    // alone in the normal mode.
+    std::lock_guard<std::mutex> one_at_a_time(synchronous_mutex_);
     std::exception_ptr error;
     try {
       MPI_Request request = start();
@@ -359,7 +345,7 @@ void mpi_backend::progress() {
   // While operations are in flight the thread tests them and yields the
   // core between tests (a rank's compute thread, when runnable, gets it);
   // after yield_time without progress it sleeps between tests instead.
-  const auto yield_time = std::chrono::microseconds(yield_microseconds());
+  const auto yield_time = settings_.yield_window;
   constexpr auto first_pause = std::chrono::microseconds(16);
   auto pause = first_pause;
   auto last_progress = std::chrono::steady_clock::now();
@@ -490,7 +476,8 @@ c10::intrusive_ptr<c10d::Work> mpi_backend::allreduce(std::vector<at::Tensor>& t
         MPI_Request request = MPI_REQUEST_NULL;
         const int code =
             runs_blocking(wire)
-                ? all_reduce_in_pieces(wire.data_ptr(), count_of(wire), datatype_of(wire.scalar_type()), op, comm_)
+                ? all_reduce_in_pieces(wire.data_ptr(), count_of(wire), datatype_of(wire.scalar_type()), op, comm_,
+                                       settings_.piece_bytes)
                 : MPI_Iallreduce(MPI_IN_PLACE, wire.data_ptr(), count_of(wire), datatype_of(wire.scalar_type()), op,
                                  comm_, &request);
         if (code != MPI_SUCCESS) fail("MPI_Iallreduce", code);

@@ -60,7 +60,7 @@ void* open_segment(const char* name, std::size_t bytes) {
 }  // namespace
 
 std::unique_ptr<shared_memory_sum> shared_memory_sum::create(MPI_Comm comm, std::chrono::milliseconds timeout,
-                                                             std::chrono::microseconds yield_window) {
+                                                             std::chrono::microseconds yield_window, bool allowed) {
   int rank = 0, size = 1;
   check(MPI_Comm_rank(comm, &rank), "MPI_Comm_rank");
   check(MPI_Comm_size(comm, &size), "MPI_Comm_size");
@@ -72,10 +72,8 @@ std::unique_ptr<shared_memory_sum> shared_memory_sum::create(MPI_Comm comm, std:
     MPI_Comm_size(node, &node_size);
     MPI_Comm_free(&node);
   }
-  const char* setting = std::getenv("LOOM_MPI_SHARED_MEMORY");
-  const bool refused = setting != nullptr && std::string(setting) == "0";
-  // Every member decides alike, even with LOOM_MPI_SHARED_MEMORY set on some.
-  int wanted = node_size == size && size >= 2 && size <= max_ranks && !refused ? 1 : 0;
+  // Every member decides alike, even when only some were told not to.
+  int wanted = node_size == size && size >= 2 && size <= max_ranks && allowed ? 1 : 0;
   check(MPI_Allreduce(MPI_IN_PLACE, &wanted, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce");
   if (wanted == 0) return nullptr;
 

@@ -57,12 +57,13 @@ class shared_memory_sum {
 
   // Collective over comm (every member calls it): null, on every member
   // alike, when the members do not all share one node, are more than
-  // max_ranks or fewer than 2, LOOM_MPI_SHARED_MEMORY=0 is set, or the
-  // segment cannot be made (a full /dev/shm).
+  // max_ranks or fewer than 2, a member was not allowed
+  // (LOOM_MPI_SHARED_MEMORY=0), or the segment cannot be made (a full
+  // /dev/shm).
   // yield_window: how long a wait yields the core before it sleeps between
   // looks (the progress thread's, LOOM_MPI_YIELD_US).
   static std::unique_ptr<shared_memory_sum> create(MPI_Comm comm, std::chrono::milliseconds timeout,
-                                                   std::chrono::microseconds yield_window);
+                                                   std::chrono::microseconds yield_window, bool allowed);
 
   shared_memory_sum(MPI_Comm comm, void* segment, std::size_t bytes, int rank, int size,
                     std::chrono::milliseconds timeout, std::chrono::microseconds yield_window);

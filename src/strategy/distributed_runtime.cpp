@@ -1,6 +1,8 @@
 #include <loom/errors.hpp>
 #include <loom/strategy/distributed_runtime.hpp>
 
+#include "../util/environment_integer.hpp"
+
 #if defined(LOOM_WITH_MPI)
 #ifndef OMPI_SKIP_MPICXX
 #define OMPI_SKIP_MPICXX 1
@@ -19,15 +21,6 @@
 
 namespace loom::detail {
 namespace {
-
-std::optional<int> env_int(const char* name) {
-  const char* text = std::getenv(name);
-  if (text == nullptr || *text == '\0') return std::nullopt;
-  char* end = nullptr;
-  const long value = std::strtol(text, &end, 10);
-  if (*end != '\0') throw configuration_error(std::string(name) + "='" + text + "' is not an integer");
-  return static_cast<int>(value);
-}
 
 // The ranks of an application's communicator: world and rank its own, local
 // rank and size those of its ranks on this node (MPI_COMM_TYPE_SHARED).
@@ -94,7 +87,7 @@ distributed_runtime::distributed_runtime(const strategy_environment& environment
             "MASTER_ADDR, MASTER_PORT for several nodes). Start the program with loom-run instead.");
       }
       world_size_ = *cluster_.world_size;
-      if (auto nodes = env_int("LT_NUM_NODES")) num_nodes_ = *nodes;
+      if (auto nodes = environment_integer("LT_NUM_NODES", 1, 1 << 20)) num_nodes_ = static_cast<int>(*nodes);
     } else {
       world_size_ = *cluster_.world_size;
     }

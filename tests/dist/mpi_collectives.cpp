@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -354,6 +355,16 @@ void refusals(mpi_backend& group) {
   at::Tensor small = at::empty({3});
   at::Tensor in = at::ones({2});
   EXPECT(says([&] { group._allgather_base(small, in); }, "needs size x input"), "a wrong all_gather size not refused");
+  // A malformed LOOM_MPI_* setting is refused by name when a group is made,
+  // before the group touches MPI (a peer with a good one would wait for it).
+  for (const auto& [name, value] : {std::pair{"LOOM_MPI_PIECE_BYTES", "4M"}, std::pair{"LOOM_MPI_SHARED_MEMORY", "no"},
+                                    std::pair{"LOOM_MPI_YIELD_US", "-1"}}) {
+    ::setenv(name, value, 1);
+    EXPECT(says([&] { (void)mpi_backend::create(MPI_COMM_WORLD, std::chrono::seconds(5)); },
+                std::string(name) + "='" + value + "' is not accepted: give a whole number from"),
+           "%s=%s not refused", name, value);
+    ::unsetenv(name);
+  }
 }
 
 }  // namespace
