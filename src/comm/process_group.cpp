@@ -245,7 +245,16 @@ void install_backend(process_group_state& state, c10::intrusive_ptr<compat::c10d
   watched->size = state.size;
   watched->global_ranks = state.global_ranks;
   if (state.store) {
-    watched->exchange = store_exchange(state.store, state.root_store, state.rank);
+    // A TCP rendezvous store is served by global rank 0's process; the
+    // watchdog gives it half the timeout (1 to 10 s) to answer. A FileStore
+    // has no server.
+    std::optional<store_host> host;
+    if (!state.where.file_path) {
+      host = store_host{.global_rank = 0,
+                        .answer_within = std::clamp(timeout / 2, std::chrono::milliseconds(1000),
+                                                    std::chrono::milliseconds(10000))};
+    }
+    watched->exchange = store_exchange(state.store, state.root_store, state.rank, host);
   } else {
 #if defined(LOOM_WITH_MPI)
     watched->exchange = mpi_exchange(dynamic_cast<const mpi_backend&>(*inner));

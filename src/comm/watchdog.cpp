@@ -146,25 +146,53 @@ class watchdog_thread {
   void look_at(group_watch& group) {
     const bool paused = pauses.load(std::memory_order_relaxed) > 0;
     const std::uint64_t entered = group.recorder->entered();
-    if (entered != group.published || paused != group.published_paused) {
-      group.exchange->publish(encode_record(group, paused));
-      group.published = entered;
-      group.published_paused = paused;
+    // The exchange's server may be stopped (a TCPStore lives in rank 0): that
+    // is only news when this rank is stuck too, below.
+    std::optional<std::string> unanswered;
+    try {
+      if (entered != group.published || paused != group.published_paused) {
+        group.exchange->publish(encode_record(group, paused));
+        group.published = entered;
+        group.published_paused = paused;
+      }
+      if (auto verdict = group.exchange->verdict()) {
+        end(group, "loom watchdog (rank " + std::to_string(global_rank(group, group.rank)) + "): " + *verdict,
+            /*decided=*/false);
+      }
+    } catch (const exchange_unanswered& error) {
+      unanswered = error.what();
     }
-    if (auto verdict = group.exchange->verdict()) end(group, "loom watchdog (rank " +
-                                                               std::to_string(global_rank(group, group.rank)) +
-                                                               "): " + *verdict, /*decided=*/false);
     if (paused || entered == 0) return;
     const auto last = group.recorder->at(entered - 1);
     if (!last) return;
     const std::int64_t waited = steady_now_ns() - last->entered_ns;
     if (waited <= std::chrono::duration_cast<std::chrono::nanoseconds>(group.timeout).count()) return;
 
+    std::ostringstream waiting;
+    waiting << "rank " << global_rank(group, group.rank) << " has waited " << seconds_text(waited)
+            << " (collective_timeout "
+            << seconds_text(std::chrono::duration_cast<std::chrono::nanoseconds>(group.timeout).count())
+            << ") in collective #" << last->sequence << " " << last->describe() << " of " << group_text(group);
+    // Nobody can read or write records: every live rank ends on its own.
+    auto end_unanswered = [&](const std::string& why) {
+      end(group,
+          "loom watchdog: " + waiting.str() + ", and " + why +
+              ": it is stopped or gone, and the ranks cannot compare what they entered. Ending this rank (exit code " +
+              std::to_string(watchdog_exit_code) + "); every live rank does the same.",
+          /*decided=*/false);
+    };
+    if (unanswered) end_unanswered(*unanswered);
+
     const auto mine = group.recorder->recent(record_window);
     std::vector<std::string> behind;
     for (int peer = 0; peer < group.size; ++peer) {
       if (peer == group.rank) continue;
-      const auto record = record_of(group, peer);
+      std::optional<peer_record> record;
+      try {
+        record = record_of(group, peer);
+      } catch (const exchange_unanswered& error) {
+        end_unanswered(error.what());
+      }
       if (record) {
         if (auto desync = desync_with(group, peer, mine, *record)) decide(group, *desync);
         if (record->entered >= entered || record->paused) continue;
@@ -184,11 +212,7 @@ class watchdog_thread {
     }
     if (behind.empty()) return;  // everyone is in it: a long collective, not a stuck one
     std::ostringstream message;
-    message << "rank " << global_rank(group, group.rank) << " has waited " << seconds_text(waited)
-            << " (collective_timeout " << seconds_text(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                         group.timeout).count())
-            << ") in collective #" << last->sequence << " " << last->describe() << " of " << group_text(group)
-            << ", which ";
+    message << waiting.str() << ", which ";
     for (std::size_t i = 0; i < behind.size(); ++i) message << (i ? ", " : "") << behind[i];
     message << (behind.size() == 1 ? " has" : " have")
             << " not entered: stuck, or slower than collective_timeout. Ending every rank (exit code "
@@ -197,8 +221,13 @@ class watchdog_thread {
   }
 
   [[noreturn]] void decide(group_watch& group, const std::string& verdict) {
-    group.exchange->announce(verdict);
-    end(group, "loom watchdog: " + verdict, /*decided=*/true);
+    bool announced = true;
+    try {
+      group.exchange->announce(verdict);
+    } catch (const exchange_unanswered&) {
+      announced = false;  // the others decide on their own
+    }
+    end(group, "loom watchdog: " + verdict, /*decided=*/announced);
   }
 
   [[noreturn]] void end(group_watch& group, const std::string& message, bool decided) {

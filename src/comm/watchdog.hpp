@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,14 @@ namespace loom::comm {
 
 // The exit status of every rank the watchdog ends.
 inline constexpr int watchdog_exit_code = 70;
+
+// An exchange call that got no answer in time: the process that serves the
+// exchange (a TCPStore's server runs in global rank 0) is stopped or gone.
+// what() says who, for how long: "rank 0, which hosts the rendezvous store,
+// has not answered for 2.1 s".
+struct exchange_unanswered : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 // Where the ranks' records meet. Called from the watchdog thread only (and
 // from a failing collective's error path).

@@ -108,6 +108,34 @@ else
   echo "SKIP torchrun: $TORCHRUN not found (it lives in ../shared/tools)"
 fi
 
+# A stopped rank 0 stops the TCP rendezvous store it serves (processes
+# started by hand, MASTER_ADDR/MASTER_PORT): the records cannot meet, and
+# the live rank ends on its own, naming rank 0 as the unanswering host. No
+# launcher here, so the test ends the stopped rank itself.
+port=$(free_port)
+out="$WORK/store_host"
+for rank in 0 1; do
+  LOCAL_RANK=$rank WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$WATCHDOG" train "$MARK" >> "$out" 2>&1 &
+  eval "rank_$rank=\$!"
+done
+if wait_started "$out" 2; then
+  sleep 0.3
+  kill -STOP "$rank_0"
+  start=$(date +%s%N)
+  wait_bounded "$rank_1" "$BOUND_MS"
+  if [ "$status" -eq 70 ] && [ "$elapsed" -lt "$BOUND_MS" ] &&
+    grep -q "^loom watchdog: rank 1 has waited .*, and rank 0, which hosts the rendezvous store, has not answered" "$out"; then
+    pass "kill -STOP of rank 0, which serves the TCP store: rank 1 ended in $elapsed ms (exit 70) naming rank 0"
+  else
+    fail "kill -STOP of rank 0 (TCP store): rank 1 exit $status after $elapsed ms:"; sed 's/^/    /' "$out" | head -n 20
+  fi
+else
+  fail "store_host: the ranks did not start"; sed 's/^/    /' "$out" | head -n 20
+fi
+kill -9 "$rank_0" "$rank_1" 2>/dev/null
+wait "$rank_0" 2>/dev/null
+expect_no_leftovers "after the stopped store host"
+
 # The MPI group has no store: the records travel over a duplicated
 # communicator, and the job ends with MPI_Abort.
 if [ "$WITH_MPI" = mpi ]; then
