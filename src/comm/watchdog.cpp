@@ -4,6 +4,7 @@
 
 #include <loom/comm/process_group.hpp>
 
+#include <cxxabi.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,7 +16,9 @@
 #include <iomanip>
 #include <mutex>
 #include <sstream>
+#include <string_view>
 #include <thread>
+#include <typeinfo>
 
 namespace loom::comm {
 
@@ -29,6 +32,17 @@ std::int64_t steady_now_ns() { return std::chrono::steady_clock::now().time_sinc
 // How often the thread looks: an eighth of the timeout, within [50 ms, 5 s].
 std::chrono::milliseconds period_of(std::chrono::milliseconds timeout) {
   return std::clamp(timeout / 8, std::chrono::milliseconds(50), std::chrono::milliseconds(5000));
+}
+
+void write_stderr(const std::string& text);
+
+// The watchdog's message, on stderr and in loom-run's report file
+// (LOOM_WATCHDOG_REPORT), from which loom-run's summary quotes it.
+void tell(const std::string& message) {
+  write_stderr(message);
+  if (const char* report = std::getenv("LOOM_WATCHDOG_REPORT"); report != nullptr && *report != '\0') {
+    std::ofstream(report, std::ios::app) << message << '\n';
+  }
 }
 
 void write_stderr(const std::string& text) {
@@ -101,6 +115,16 @@ class watchdog_thread {
     period_ = std::min(period_, period_of(group->timeout));
     if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
     wake_.notify_one();
+  }
+
+  // The groups still alive (for the terminate handler below).
+  std::vector<std::shared_ptr<group_watch>> live() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<std::shared_ptr<group_watch>> alive;
+    for (const auto& weak : groups_) {
+      if (auto group = weak.lock()) alive.push_back(std::move(group));
+    }
+    return alive;
   }
 
   ~watchdog_thread() {
@@ -231,10 +255,7 @@ class watchdog_thread {
   }
 
   [[noreturn]] void end(group_watch& group, const std::string& message, bool decided) {
-    write_stderr(message);
-    if (const char* report = std::getenv("LOOM_WATCHDOG_REPORT"); report != nullptr && *report != '\0') {
-      std::ofstream(report, std::ios::app) << message << '\n';
-    }
+    tell(message);
     // The decider leaves the others a couple of periods to read the verdict
     // and end with the same message before its launcher tears the job down.
     if (decided) std::this_thread::sleep_for(std::min(2 * period_ + std::chrono::milliseconds(100),
@@ -263,7 +284,46 @@ std::chrono::milliseconds effective_collective_timeout(std::chrono::milliseconds
   return configured;
 }
 
-void watch(const std::shared_ptr<group_watch>& group) { watchdog_thread::instance().add(group); }
+namespace {
+
+// Gloo checks what arrives against what the op expects on its own I/O
+// thread: a peer's collective of another size (an all_reduce of another
+// shape) fails that check there, as gloo::EnforceNotMet, and an exception on
+// that thread ends the process through std::terminate before any loom code
+// can catch it (Gloo's own line says only "op.preamble.length <= op.nbytes.
+// 4096 vs 4"). For Gloo's exceptions this handler first compares records
+// as the error path does, for as long as a peer takes to publish its record
+// (a watchdog period, 1 s more), and, when that finds a desync, prints the
+// desync sentence and ends with the watchdog's status. Anything else goes to
+// the previous handler unchanged.
+std::terminate_handler previous_terminate = nullptr;
+
+bool is_gloo_exception() {
+  const std::type_info* type = abi::__cxa_current_exception_type();
+  return type != nullptr && std::string_view(type->name()).find("gloo") != std::string_view::npos;
+}
+
+[[noreturn]] void explain_gloo_termination() {
+  if (is_gloo_exception()) {
+    for (const auto& group : watchdog_thread::instance().live()) {
+      const auto patience = period_of(group->timeout) + std::chrono::seconds(1);
+      if (auto desync = explain_desync(*group, patience)) {
+        tell("loom watchdog (Gloo ended this rank on a size mismatch): " + *desync);
+        std::_Exit(watchdog_exit_code);
+      }
+    }
+  }
+  if (previous_terminate != nullptr) previous_terminate();
+  std::abort();
+}
+
+}  // namespace
+
+void watch(const std::shared_ptr<group_watch>& group) {
+  static std::once_flag installed;
+  std::call_once(installed, [] { previous_terminate = std::set_terminate(&explain_gloo_termination); });
+  watchdog_thread::instance().add(group);
+}
 
 std::string encode_record(const group_watch& group, bool paused) {
   std::ostringstream out;

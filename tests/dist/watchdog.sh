@@ -7,7 +7,8 @@
 #   torchrun and mpirun (the MPI group: records over MPI, MPI_Abort);
 # - a rank that broadcasts where the other all-reduces is reported as a
 #   desync naming both ops, by the watchdog or, when the group's timeout
-#   fails the collective first, by the peer_error;
+#   fails the collective first, by the peer_error; an all-reduce of another
+#   size (which Gloo ends with std::terminate) names both shapes;
 # - slow is not stuck: one rank sleeping 1.2 s before every step, so that
 #   the others wait >= 1 s in each, for LOOM_WATCHDOG_SLOW_SECONDS, raises
 #   no alarm.
@@ -164,6 +165,20 @@ LOOM_TEST_GROUP_TIMEOUT_MS=2000 LOOM_TEST_COLLECTIVE_S=60 \
 status=$?
 expect_contains "$WORK/desync_error" "the collective failed: desynchronised collectives in group 'world' (2 ranks): at collective #1" \
   "a desync that fails in Gloo (its timeout) raises a peer_error that starts with the desync sentence (exit $status)"
+
+# Same op, different sizes: Gloo's I/O thread fails its size check and the
+# exception ends the process through std::terminate; loom's handler names
+# the desync first (both shapes) and ends with the watchdog's status.
+start=$(date +%s%N)
+LOOM_TEST_DESYNC=shape timeout 60 "$LOOM_RUN" --devices 2 "$WATCHDOG" desync "$MARK" > "$WORK/desync_shape" 2>&1
+status=$?
+took=$(elapsed_ms "$start")
+if [ $status -eq 70 ] && grep -q "^loom watchdog (Gloo ended this rank on a size mismatch): desynchronised collectives in group 'world' (2 ranks): at collective #1" "$WORK/desync_shape" &&
+  grep -q "entered all_reduce(Float\[4\])" "$WORK/desync_shape" && grep -q "entered all_reduce(Float\[4096\])" "$WORK/desync_shape"; then
+  pass "all_reduce of 4 against 4096 floats (Gloo's abort) is reported as a desync naming both shapes, in $took ms (exit 70)"
+else
+  fail "size mismatch: exit $status after $took ms:"; sed 's/^/    /' "$WORK/desync_shape" | head -n 30
+fi
 
 # Slow is not stuck.
 LOOM_TEST_SECONDS=$SLOW_SECONDS LOOM_TEST_SLOW_RANK=1 LOOM_TEST_SLOW_MS=1200 \
