@@ -25,11 +25,20 @@ namespace loom::comm {
 
 namespace {
 
-// The segment: one page of arrival counters (one cache line per rank), then
-// two slots of piece_bytes per rank.
+// The segment: one page of header, one cache line per rank (its arrival
+// counter, then the call's signature for each parity), then two slots of
+// piece_bytes per rank.
 constexpr std::size_t header_bytes = 4096;
 constexpr std::size_t line_bytes = 64;
+constexpr std::size_t signature_offset = 8;  // after the arrival counter
 static_assert(shared_memory_sum::max_ranks * line_bytes <= header_bytes);
+static_assert(signature_offset + 2 * sizeof(shared_memory_sum::call_signature) <= line_bytes);
+
+std::string describe(const shared_memory_sum::call_signature& call) {
+  static constexpr const char* names[] = {"sum", "product", "min", "max"};
+  return std::to_string(call.elements) + " elements of " +
+         c10::toString(static_cast<c10::ScalarType>(call.dtype)) + " (" + names[call.operation] + ")";
+}
 
 void check(int code, const char* call) {
   if (code == MPI_SUCCESS) return;
@@ -111,6 +120,11 @@ shared_memory_sum::~shared_memory_sum() { ::munmap(segment_, bytes_); }
 
 std::byte* shared_memory_sum::slot(int rank, int parity) const noexcept {
   return segment_ + header_bytes + (static_cast<std::size_t>(rank) * 2 + static_cast<std::size_t>(parity)) * piece_bytes;
+}
+
+shared_memory_sum::call_signature* shared_memory_sum::signature(int rank, int parity) const noexcept {
+  return reinterpret_cast<call_signature*>(segment_ + static_cast<std::size_t>(rank) * line_bytes + signature_offset) +
+         parity;
 }
 
 std::atomic_ref<std::uint64_t> shared_memory_sum::arrival(int rank) const noexcept {
@@ -263,6 +277,26 @@ piece_reducer reducer_of(c10::ScalarType type) {
 
 bool shared_memory_sum::handles(c10::ScalarType type) noexcept { return reducer_of(type) != nullptr; }
 
+// Every rank sees the same signatures, so every rank throws alike, after the
+// same number of synchronisations: the counters stay in step, nothing was
+// reduced, and the group stays usable. (A peer that reads this piece's
+// signature has not arrived at the next piece, so nobody overwrites it yet:
+// the slots' own argument.)
+void shared_memory_sum::check_signatures(const call_signature& call, int parity) const {
+  std::string calls;
+  bool differ = false;
+  for (int r = 0; r < size_; ++r) {
+    const call_signature theirs = *signature(r, parity);
+    differ = differ || !(theirs == call);
+    calls += (r ? ", rank " : "rank ") + std::to_string(r) + " has " + describe(theirs);
+  }
+  if (!differ) return;
+  throw peer_error("all_reduce through shared memory on rank " + std::to_string(rank_) + " (mpi group of " +
+                   std::to_string(size_) + "): the ranks' calls differ: " + calls +
+                   ". Every rank must all_reduce the same number of elements, dtype and reduction, in the same order; "
+                   "nothing was reduced");
+}
+
 void shared_memory_sum::all_reduce(at::Tensor& tensor, op operation) {
   if (broken_) {
     throw peer_error("all_reduce through shared memory on rank " + std::to_string(rank_) +
@@ -272,17 +306,24 @@ void shared_memory_sum::all_reduce(at::Tensor& tensor, op operation) {
   const std::int64_t element = tensor.element_size();
   const std::int64_t per_piece = static_cast<std::int64_t>(piece_bytes) / element;
   const std::int64_t count = tensor.numel();
+  const call_signature call{count, static_cast<std::int32_t>(tensor.scalar_type()), static_cast<std::int32_t>(operation)};
   auto* data = static_cast<std::byte*>(tensor.data_ptr());
   std::array<const std::byte*, max_ranks> slots{};
-  for (std::int64_t offset = 0; offset < count; offset += per_piece) {
+  // At least one piece, even of nothing: the first piece carries the call's
+  // signature, which every rank checks before it reduces anything.
+  std::int64_t offset = 0;
+  do {
     const std::int64_t length = std::min(per_piece, count - offset);
     const int parity = static_cast<int>(pieces_++ % 2);
     std::byte* mine = data + offset * element;
+    if (offset == 0) *signature(rank_, parity) = call;  // published by the arrival's release
     std::memcpy(slot(rank_, parity), mine, static_cast<std::size_t>(length * element));
     synchronise();
+    if (offset == 0) check_signatures(call, parity);
     for (int r = 0; r < size_; ++r) slots[static_cast<std::size_t>(r)] = slot(r, parity);
     reduce(operation, mine, slots, rank_, size_, length);
-  }
+    offset += length;
+  } while (offset < count);
   reductions_.fetch_add(1, std::memory_order_relaxed);
 }
 

@@ -77,14 +77,28 @@ class shared_memory_sum {
   static bool handles(c10::ScalarType type) noexcept;
 
   // Reduces the contiguous tensor in place across the members; every member
-  // calls it with the same shape, dtype and op, in the same order.
+  // calls it with the same number of elements, dtype and op, in the same
+  // order. A call that differs on some member is a peer_error on every
+  // member, naming each one's call, before anything is reduced; the group
+  // stays usable.
   void all_reduce(at::Tensor& tensor, op operation);
+
+  // What a call reduces, as every rank publishes it with its first piece.
+  struct call_signature {
+    std::int64_t elements;
+    std::int32_t dtype;
+    std::int32_t operation;
+    bool operator==(const call_signature&) const = default;
+  };
 
   // Tensors reduced through the segment (for tests and benches).
   std::uint64_t reductions() const noexcept { return reductions_.load(std::memory_order_relaxed); }
 
  private:
   std::byte* slot(int rank, int parity) const noexcept;
+  call_signature* signature(int rank, int parity) const noexcept;
+  // A peer_error naming every rank's call when they are not all `call`.
+  void check_signatures(const call_signature& call, int parity) const;
   std::atomic_ref<std::uint64_t> arrival(int rank) const noexcept;
   void synchronise();
 

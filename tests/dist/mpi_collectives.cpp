@@ -218,23 +218,25 @@ void large_reductions(mpi_backend& group, const char* label) {
   const int size = group.getSize();
   EXPECT(group.shares_memory() == shared_memory_expected(), "%s: shares_memory() is %d", label,
          static_cast<int>(group.shares_memory()));
-  // Values exact in bf16 and fp16; products of 4 ranks stay below fp16's range.
-  auto big_values = [](int r, std::int64_t n, c10::ScalarType type) {
-    return ((at::arange(n, at::kLong) % 8).to(at::kDouble) / 8 + r + 1).to(type);
-  };
   const std::uint64_t shared_before = group.shared_reductions();
   std::uint64_t reductions = 0;
   for (auto type : {at::kFloat, at::kDouble, at::kLong, at::kInt, at::kBFloat16, at::kHalf}) {
     const std::string name = c10::toString(type);
     // Just over 1 MiB: whole pieces and a ragged one.
     const std::int64_t n = (std::int64_t{1} << 20) / c10::elementSize(type) + 4099;
+    // Values exact in bf16 and fp16 (so the reference works in double, with
+    // no conversions; integers get whole numbers); products of 4 ranks stay
+    // below fp16's range.
+    const at::Tensor eighths = at::isFloatingType(type) ? (at::arange(n, at::kLong) % 8).to(at::kDouble) / 8
+                                                        : at::zeros({n}, at::kDouble);
+    auto exact_values = [&](int r) { return eighths + (r + 1); };
     for (auto op : {c10d::ReduceOp::SUM, c10d::ReduceOp::AVG, c10d::ReduceOp::PRODUCT, c10d::ReduceOp::MIN,
                     c10d::ReduceOp::MAX}) {
       if (op == c10d::ReduceOp::AVG && !at::isFloatingType(type)) continue;
-      std::vector<at::Tensor> t{big_values(rank, n, type)};
+      std::vector<at::Tensor> t{exact_values(rank).to(type)};
       group.allreduce(t, c10d::AllreduceOptions{.reduceOp = op})->wait();
       ++reductions;
-      const at::Tensor expected = expected_reduction([&](int r) { return big_values(r, n, type); }, size, op);
+      const at::Tensor expected = expected_reduction(exact_values, size, op);
       const double tolerance = tolerance_of(type);
       EXPECT(at::allclose(t.front().to(at::kDouble), expected, tolerance, tolerance), "%s large all_reduce op %d on %s",
              label, static_cast<int>(op), name.c_str());
@@ -277,6 +279,42 @@ void large_reductions(mpi_backend& group, const char* label) {
   EXPECT(through_shared == (group.shares_memory() ? reductions : 0), "%s: %llu of %llu large all-reduces went through "
          "shared memory", label, static_cast<unsigned long long>(through_shared),
          static_cast<unsigned long long>(reductions));
+}
+
+// Calls that differ between ranks (the last rank all-reduces 4 more
+// elements; then an empty tensor against one element) fail on every rank
+// with each rank's call named, reduce nothing, and leave the group usable.
+// Without the check the shorter call returned and the longer one read its
+// peer's stale slot: a silent wrong sum.
+void mismatched_calls(mpi_backend& group, const char* label) {
+  if (!group.shares_memory()) return;
+  const int rank = group.getRank();
+  const int size = group.getSize();
+  const bool last = rank == size - 1;
+  auto fails_naming_both = [&](at::Tensor tensor, const std::string& mine, const std::string& theirs) {
+    std::vector<at::Tensor> t{tensor};
+    const at::Tensor before = tensor.clone();
+    try {
+      group.allreduce(t)->wait();
+    } catch (const loom::peer_error& error) {
+      const std::string what = error.what();
+      return what.find("the ranks' calls differ") != std::string::npos && what.find(mine) != std::string::npos &&
+             what.find(theirs) != std::string::npos && at::equal(tensor, before);
+    }
+    return false;
+  };
+  const std::int64_t n = 1 << 18;  // a MiB of float: the longer call has two pieces
+  EXPECT(fails_naming_both(at::ones({last ? n + 4 : n}), "rank 0 has " + std::to_string(size == 1 ? n + 4 : n) +
+                                                             " elements of Float (sum)",
+                           "rank " + std::to_string(size - 1) + " has " + std::to_string(n + 4) + " elements of Float (sum)"),
+         "%s: all_reduce of %lld against %lld elements not refused by name", label, static_cast<long long>(n),
+         static_cast<long long>(n + 4));
+  EXPECT(fails_naming_both(at::ones({last ? 1 : 0}), "has 0 elements of Float", "has 1 elements of Float"),
+         "%s: an empty all_reduce against one element not refused", label);
+  std::vector<at::Tensor> after{at::ones({n})};
+  group.allreduce(after)->wait();
+  EXPECT(at::equal(after.front(), at::full({n}, static_cast<float>(size))), "%s: the group after refused calls",
+         label);
 }
 
 // Rank 0 sends 4 MiB to rank 1, then all-reduces; rank 1 waits for the
@@ -381,6 +419,7 @@ int main(int argc, char** argv) {
       collectives(*world, "world");
       large_reductions(*world, "world");
       send_then_all_reduce(*world, "world");
+      mismatched_calls(*world, "world");
       refusals(*world);
       // The application's own traffic on MPI_COMM_WORLD does not match loom's
       // (the group works on a duplicate): a message of the application's, sent
