@@ -195,7 +195,7 @@ int count_of(const at::Tensor& tensor) {
 c10::intrusive_ptr<mpi_backend> mpi_backend::create(MPI_Comm parent, std::chrono::milliseconds timeout) {
   // A malformed LOOM_MPI_* setting fails here, before this rank touches MPI:
   // the process ends, and no peer waits for it in a collective.
-  (void)settings::from_environment();
+  const settings chosen = settings::from_environment();
   int initialised = 0;
   MPI_Initialized(&initialised);
   int provided = MPI_THREAD_SINGLE;
@@ -228,7 +228,7 @@ c10::intrusive_ptr<mpi_backend> mpi_backend::create(MPI_Comm parent, std::chrono
   int rank = 0, size = 1;
   MPI_Comm_rank(own, &rank);
   MPI_Comm_size(own, &size);
-  return c10::make_intrusive<mpi_backend>(own, rank, size, timeout);
+  return c10::make_intrusive<mpi_backend>(own, rank, size, timeout, chosen);
 }
 
 c10::intrusive_ptr<mpi_backend> mpi_backend::create_subgroup(const mpi_backend& parent, const std::vector<int>& members,
@@ -245,14 +245,14 @@ c10::intrusive_ptr<mpi_backend> mpi_backend::create_subgroup(const mpi_backend& 
   int rank = 0, size = 1;
   MPI_Comm_rank(sub, &rank);
   MPI_Comm_size(sub, &size);
-  return c10::make_intrusive<mpi_backend>(sub, rank, size, timeout);
+  return c10::make_intrusive<mpi_backend>(sub, rank, size, timeout, parent.settings_);
 }
 
-mpi_backend::mpi_backend(MPI_Comm own, int rank, int size, std::chrono::milliseconds timeout)
+mpi_backend::mpi_backend(MPI_Comm own, int rank, int size, std::chrono::milliseconds timeout, settings chosen)
     : compat::c10d_backend(rank, size),
       comm_(own),
       timeout_(timeout),
-      settings_(settings::from_environment()),
+      settings_(chosen),
       shared_(shared_memory_sum::create(own, timeout, settings_.yield_window, settings_.shared_memory)) {
   thread_ = std::thread([this] { progress(); });
 }

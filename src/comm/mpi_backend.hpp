@@ -55,7 +55,34 @@ class mpi_backend final : public compat::c10d_backend {
   static c10::intrusive_ptr<mpi_backend> create_subgroup(const mpi_backend& parent, const std::vector<int>& members,
                                                          std::chrono::milliseconds timeout);
 
-  mpi_backend(MPI_Comm own, int rank, int size, std::chrono::milliseconds timeout);
+  // The LOOM_MPI_* settings, read and checked once, when the first group is
+  // made (a malformed one is a configuration_error there, not a silent 0);
+  // its sub-groups take their parent's.
+  struct settings {
+    // How long the progress thread (and a shared-memory wait) yield-polls
+    // after the last progress before it sleeps (LOOM_MPI_YIELD_US, 2000).
+    std::chrono::microseconds yield_window;
+    // From this many bytes on, a collective runs as MPI's blocking call on
+    // the progress thread (LOOM_MPI_BLOCKING_BYTES, 1 MiB): OpenMPI's
+    // non-blocking collectives (libnbc) move large messages at a fraction
+    // of its tuned blocking ones (64 MiB all-reduce: 1.4x Gloo's time
+    // against ~0.5x). Its blocking calls poll; loom sets
+    // mpi_yield_when_idle when it initialises MPI, so that they yield.
+    long long blocking_bytes;
+    // A blocking all-reduce is called on pieces of this size
+    // (LOOM_MPI_PIECE_BYTES, 4 MiB).
+    long long piece_bytes;
+    // LOOM_MPI_SYNCHRONOUS=1: every operation completes in the calling
+    // thread before the call returns, to measure what the progress
+    // thread's overlap is worth.
+    bool synchronous;
+    // LOOM_MPI_SHARED_MEMORY=0: all-reduces go through MPI even on one node
+    // (mpi_shared_memory_sum.hpp).
+    bool shared_memory;
+    static settings from_environment();
+  };
+
+  mpi_backend(MPI_Comm own, int rank, int size, std::chrono::milliseconds timeout, settings chosen);
   ~mpi_backend() override;
 
   const std::string getBackendName() const override { return "mpi"; }
@@ -121,31 +148,6 @@ class mpi_backend final : public compat::c10d_backend {
   void progress();
   [[noreturn]] void fail(const char* call, int code) const;
 
-  // The LOOM_MPI_* settings, read and checked once, when the group is made
-  // (a malformed one is a configuration_error there, not a silent 0).
-  struct settings {
-    // How long the progress thread (and a shared-memory wait) yield-polls
-    // after the last progress before it sleeps (LOOM_MPI_YIELD_US, 2000).
-    std::chrono::microseconds yield_window;
-    // From this many bytes on, a collective runs as MPI's blocking call on
-    // the progress thread (LOOM_MPI_BLOCKING_BYTES, 1 MiB): OpenMPI's
-    // non-blocking collectives (libnbc) move large messages at a fraction
-    // of its tuned blocking ones (64 MiB all-reduce: 1.4x Gloo's time
-    // against ~0.5x). Its blocking calls poll; loom sets
-    // mpi_yield_when_idle when it initialises MPI, so that they yield.
-    long long blocking_bytes;
-    // A blocking all-reduce is called on pieces of this size
-    // (LOOM_MPI_PIECE_BYTES, 4 MiB).
-    long long piece_bytes;
-    // LOOM_MPI_SYNCHRONOUS=1: every operation completes in the calling
-    // thread before the call returns, to measure what the progress
-    // thread's overlap is worth.
-    bool synchronous;
-    // LOOM_MPI_SHARED_MEMORY=0: all-reduces go through MPI even on one node
-    // (mpi_shared_memory_sum.hpp).
-    bool shared_memory;
-    static settings from_environment();
-  };
   bool runs_blocking(const at::Tensor& tensor) const noexcept;
 
   MPI_Comm comm_ = MPI_COMM_NULL;
