@@ -4,10 +4,11 @@
 #include <loom/cluster/environment.hpp>
 #include <loom/errors.hpp>
 
+#include "../util/environment_integer.hpp"
+
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cstdlib>
 #include <fstream>
 #include <regex>
@@ -36,16 +37,14 @@ namespace {
 bool has(const env_lookup& env, std::string_view name) { return env(name).has_value(); }
 
 std::int64_t parse_integer(std::string_view name, const std::string& text, std::string_view environment) {
-  std::int64_t value = 0;
-  const char* first = text.data();
-  const char* last = text.data() + text.size();
-  while (first != last && *first == ' ') ++first;
-  auto [ptr, ec] = std::from_chars(first, last, value);
-  if (ec != std::errc{} || ptr != last || first == last) {
+  // Schedulers pad some values with spaces ("  2"): leading ones are allowed.
+  const auto first = text.find_first_not_of(' ');
+  const auto value = first == std::string::npos ? std::nullopt : detail::whole_number(std::string_view(text).substr(first));
+  if (!value) {
     throw configuration_error(std::string(name) + "='" + text + "' is not an integer (read by loom's " +
                               std::string(environment) + " environment)");
   }
-  return value;
+  return *value;
 }
 
 int required_int(const env_lookup& env, std::string_view name, std::string_view environment) {
@@ -264,10 +263,8 @@ bool detect_mpi(const env_lookup& env) {
   const mpi_names* names = mpi_flavour(env);
   if (names == nullptr) return false;
   const auto size = env(names->size);
-  std::int64_t value = 0;
-  auto [ptr, ec] = std::from_chars(size->data(), size->data() + size->size(), value);
-  (void)ptr;
-  return ec != std::errc{} || value > 1;  // a malformed size is reported by read_mpi
+  const auto value = detail::whole_number(*size);
+  return !value || *value > 1;  // a malformed size is reported by read_mpi
 }
 
 cluster_info read_mpi(const env_lookup& env) {

@@ -34,17 +34,6 @@ std::chrono::milliseconds period_of(std::chrono::milliseconds timeout) {
   return std::clamp(timeout / 8, std::chrono::milliseconds(50), std::chrono::milliseconds(5000));
 }
 
-void write_stderr(const std::string& text);
-
-// The watchdog's message, on stderr and in loom-run's report file
-// (LOOM_WATCHDOG_REPORT), from which loom-run's summary quotes it.
-void tell(const std::string& message) {
-  write_stderr(message);
-  if (const char* report = std::getenv("LOOM_WATCHDOG_REPORT"); report != nullptr && *report != '\0') {
-    std::ofstream(report, std::ios::app) << message << '\n';
-  }
-}
-
 void write_stderr(const std::string& text) {
   const std::string line = text + "\n";
   std::size_t done = 0;
@@ -52,6 +41,15 @@ void write_stderr(const std::string& text) {
     const ssize_t n = ::write(STDERR_FILENO, line.data() + done, line.size() - done);
     if (n <= 0) break;
     done += static_cast<std::size_t>(n);
+  }
+}
+
+// The watchdog's message, on stderr and in loom-run's report file
+// (LOOM_WATCHDOG_REPORT), from which loom-run's summary quotes it.
+void tell(const std::string& message) {
+  write_stderr(message);
+  if (const char* report = std::getenv("LOOM_WATCHDOG_REPORT"); report != nullptr && *report != '\0') {
+    std::ofstream(report, std::ios::app) << message << '\n';
   }
 }
 

@@ -6,8 +6,16 @@
 #pragma once
 
 #include <optional>
+#include <string_view>
 
 namespace loom::detail {
+
+// The whole number `text` spells exactly (an optional '-', then digits, and
+// nothing else); nullopt for anything else, an empty text included. The one
+// parse behind every integer loom reads from the environment: its settings
+// (below) and the cluster environments' variables (cluster/environment.cpp),
+// which keep their own messages.
+std::optional<long long> whole_number(std::string_view text) noexcept;
 
 // nullopt when name is unset or empty.
 std::optional<long long> environment_integer(const char* name, long long minimum, long long maximum);
