@@ -11,7 +11,8 @@
 #   size (which Gloo ends with std::terminate) names both shapes;
 # - slow is not stuck: one rank sleeping 1.2 s before every step, so that
 #   the others wait >= 1 s in each, for LOOM_WATCHDOG_SLOW_SECONDS, raises
-#   no alarm.
+#   no alarm. The torchrun case waits out its launcher's teardown (30 s) while
+#   the slow run goes on.
 # Arguments: dist_worker (unused) loom-run watchdog_worker torchrun mpi|no-mpi
 . "$(dirname "$0")/common.sh"
 WATCHDOG=$(realpath "$3")
@@ -35,6 +36,19 @@ wait_started() {
     sleep 0.05
   done
   return 1
+}
+
+# wait_bounded PID MS: waits for PID (a child of this shell) at most MS
+# milliseconds longer than the bound; sets status and elapsed (since $start).
+wait_bounded() {
+  for i in $(seq 1 $(( ($2 + 5000) / 50 ))); do
+    kill -0 "$1" 2>/dev/null || break
+    sleep 0.05
+  done
+  kill -9 "$1" 2>/dev/null
+  wait "$1"
+  status=$?
+  elapsed=$(elapsed_ms "$start")
 }
 
 # stopped_rank_check WHAT OUT VICTIM LIVE BOUND_MS: the job ended non-zero
