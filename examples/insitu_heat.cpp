@@ -170,8 +170,9 @@ int main(int argc, char** argv) {
   // heap's top), so every training step's activations and gradients (1-3 MB
   // tensors here) come back as fresh pages, one page fault each 4 KiB; in a
   // virtual machine those faults cost more than the convolutions (measured on
-  // a 2-core VM, 2 ranks: over 240 s without these two lines, 37 s with them;
-  // either one alone: 320 s and 564 s). An application that trains in-situ
+  // a 2-core VM, 2 ranks: over 240 s without these two lines, 47.6 s with
+  // them; either one alone, set through GLIBC_TUNABLES with the mmap
+  // threshold at 256 MiB: 320 s and 564 s). An application that trains in-situ
   // should decide this once, at start-up, as here.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);   // blocks up to 32 MiB come from the heap, not mmap
   mallopt(M_TRIM_THRESHOLD, 512 << 20);  // and the heap keeps up to 512 MiB of free space
