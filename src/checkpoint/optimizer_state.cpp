@@ -3,6 +3,8 @@
 // per-parameter state as torch.optim does; one engine reads and writes them.
 #include "optimizer_state.hpp"
 
+#include "../util/optimizer_families.hpp"
+
 #include <loom/checkpoint/io.hpp>
 #include <loom/compat.hpp>
 
@@ -34,100 +36,6 @@ optimizer_state_dtype::~optimizer_state_dtype() { state_dtype_override = previou
 
 namespace loom::detail {
 namespace {
-
-using betas_t = std::tuple<double, double>;
-
-// One family: torch.optim's names for LibTorch's options and per-parameter state.
-template <class Optimizer, class Options, class State>
-struct family {
-  using optimizer_type = Optimizer;
-  using options_type = Options;
-  using state_type = State;
-  std::string_view type;
-  std::vector<std::pair<std::string, double& (*)(Options&)>> numbers;
-  std::vector<std::pair<std::string, bool& (*)(Options&)>> flags;
-  betas_t& (*betas)(Options&) = nullptr;
-  std::vector<std::pair<std::string, at::Tensor& (*)(State&)>> tensors;
-  std::int64_t& (*step)(State&) = nullptr;  // saved as a float tensor, as torch.optim keeps it
-};
-
-#define LOOM_FIELD(Type, member) \
-  { #member, +[](Type& object) -> auto& { return object.member(); } }
-
-template <class Optimizer, class O, class S>
-family<Optimizer, O, S> adam_like(std::string_view type) {
-  return {type,
-          {LOOM_FIELD(O, lr), LOOM_FIELD(O, eps), LOOM_FIELD(O, weight_decay)},
-          {LOOM_FIELD(O, amsgrad)},
-          +[](O& options) -> betas_t& { return options.betas(); },
-          {LOOM_FIELD(S, exp_avg), LOOM_FIELD(S, exp_avg_sq), LOOM_FIELD(S, max_exp_avg_sq)},
-          +[](S& state) -> std::int64_t& { return state.step(); }};
-}
-
-const auto& adam_family() {
-  static const auto made = adam_like<torch::optim::Adam, torch::optim::AdamOptions, torch::optim::AdamParamState>(
-      "torch::optim::Adam");
-  return made;
-}
-const auto& adamw_family() {
-  static const auto made = adam_like<torch::optim::AdamW, torch::optim::AdamWOptions, torch::optim::AdamWParamState>(
-      "torch::optim::AdamW");
-  return made;
-}
-const auto& sgd_family() {
-  using O = torch::optim::SGDOptions;
-  using S = torch::optim::SGDParamState;
-  static const family<torch::optim::SGD, O, S> made{
-      "torch::optim::SGD",
-      {LOOM_FIELD(O, lr), LOOM_FIELD(O, momentum), LOOM_FIELD(O, dampening), LOOM_FIELD(O, weight_decay)},
-      {LOOM_FIELD(O, nesterov)},
-      nullptr,
-      {LOOM_FIELD(S, momentum_buffer)},
-      nullptr};
-  return made;
-}
-const auto& rmsprop_family() {
-  using O = torch::optim::RMSpropOptions;
-  using S = torch::optim::RMSpropParamState;
-  static const family<torch::optim::RMSprop, O, S> made{
-      "torch::optim::RMSprop",
-      {LOOM_FIELD(O, lr), LOOM_FIELD(O, alpha), LOOM_FIELD(O, eps), LOOM_FIELD(O, weight_decay),
-       LOOM_FIELD(O, momentum)},
-      {LOOM_FIELD(O, centered)},
-      nullptr,
-      {LOOM_FIELD(S, square_avg), LOOM_FIELD(S, momentum_buffer), LOOM_FIELD(S, grad_avg)},
-      +[](S& s) -> std::int64_t& { return s.step(); }};
-  return made;
-}
-const auto& adagrad_family() {
-  using O = torch::optim::AdagradOptions;
-  using S = torch::optim::AdagradParamState;
-  static const family<torch::optim::Adagrad, O, S> made{
-      "torch::optim::Adagrad",
-      {LOOM_FIELD(O, lr), LOOM_FIELD(O, lr_decay), LOOM_FIELD(O, weight_decay), LOOM_FIELD(O, initial_accumulator_value),
-       LOOM_FIELD(O, eps)},
-      {},
-      nullptr,
-      {LOOM_FIELD(S, sum)},
-      +[](S& s) -> std::int64_t& { return s.step(); }};
-  return made;
-}
-#undef LOOM_FIELD
-
-// Calls visit(family) for the optimizer's family; false when it has none.
-template <class Visit>
-bool with_family(torch::optim::Optimizer& optimizer, Visit&& visit) {
-  auto is = [&optimizer](const auto& family) {
-    using optimizer_type = typename std::remove_cvref_t<decltype(family)>::optimizer_type;
-    return typeid(optimizer) == typeid(optimizer_type);
-  };
-  if (is(adam_family())) return visit(adam_family()), true;
-  if (is(adamw_family())) return visit(adamw_family()), true;
-  if (is(sgd_family())) return visit(sgd_family()), true;
-  if (is(rmsprop_family())) return visit(rmsprop_family()), true;
-  if (is(adagrad_family())) return visit(adagrad_family()), true;
-  return false;
-}
 
 std::vector<std::vector<at::Tensor>> groups_of(torch::optim::Optimizer& optimizer) {
   std::vector<std::vector<at::Tensor>> groups;
@@ -366,22 +274,6 @@ void load(const Family& family, const c10::IValue& value, torch::optim::Optimize
 }
 
 }  // namespace
-
-bool for_each_state_tensor(torch::optim::Optimizer& optimizer,
-                           const std::function<void(const at::Tensor& parameter, std::string_view field,
-                                                    at::Tensor& value)>& visit) {
-  return with_family(optimizer, [&](const auto& family) {
-    using state_type = typename std::remove_cvref_t<decltype(family)>::state_type;
-    for (auto& group : optimizer.param_groups()) {
-      for (const auto& parameter : group.params()) {
-        auto found = optimizer.state().find(compat::optimizer_state_key(parameter));
-        if (found == optimizer.state().end()) continue;
-        auto& per_parameter = static_cast<state_type&>(*found->second);
-        for (const auto& [name, field] : family.tensors) visit(parameter, name, field(per_parameter));
-      }
-    }
-  });
-}
 
 bool has_torch_optim_layout(torch::optim::Optimizer& optimizer) {
   return with_family(optimizer, [](const auto&) {});

@@ -31,12 +31,4 @@ std::string check_optimizer_dict(const c10::IValue& value, torch::optim::Optimiz
 // (a parameter without saved state loses its state, as in torch.optim).
 void load_optimizer_dict(const c10::IValue& value, torch::optim::Optimizer& optimizer, const parameter_names& names);
 
-// Calls visit(parameter, field, tensor) for every per-parameter state tensor
-// (exp_avg, momentum_buffer, ...), which visit may replace (sharded
-// strategies gather and slice them). False when the optimizer's family is
-// not known (its state is then not visited).
-bool for_each_state_tensor(torch::optim::Optimizer& optimizer,
-                           const std::function<void(const at::Tensor& parameter, std::string_view field,
-                                                    at::Tensor& value)>& visit);
-
 }  // namespace loom::detail

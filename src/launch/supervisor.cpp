@@ -1,5 +1,5 @@
 #include <loom/errors.hpp>
-#include <loom/launch/process_state.hpp>
+#include <loom/util/process_state.hpp>
 #include <loom/launch/supervisor.hpp>
 
 #include <fcntl.h>
@@ -104,7 +104,7 @@ pid_t supervisor::start(int local_rank, const std::vector<std::string>& argv, co
 namespace {
 // Whether pid is stopped by a signal ('T') or traced ('t').
 bool is_stopped(pid_t pid) {
-  const char state = process_state(pid);
+  const char state = detail::process_state(pid);
   return state == 'T' || state == 't';
 }
 }  // namespace

@@ -28,6 +28,7 @@
 #include <loom/strategy/unit.hpp>
 
 #include "../checkpoint/optimizer_state.hpp"
+#include "../util/optimizer_families.hpp"
 
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>

@@ -3,7 +3,7 @@
 #include <loom/tp/full_parameters.hpp>
 #include <loom/tp/parallelize.hpp>
 
-#include "../checkpoint/optimizer_state.hpp"
+#include "../util/optimizer_families.hpp"
 
 #include <ATen/ATen.h>
 

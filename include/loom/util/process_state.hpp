@@ -4,8 +4,8 @@
 // stopped child (the supervisor). No torch headers.
 #pragma once
 
-namespace loom::launch {
+namespace loom::detail {
 
 char process_state(long pid);
 
-}  // namespace loom::launch
+}  // namespace loom::detail

@@ -1,4 +1,4 @@
-#include <loom/launch/process_state.hpp>
+#include <loom/util/process_state.hpp>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-namespace loom::launch {
+namespace loom::detail {
 
 // Plain read(2): the process may vanish between open and read (ESRCH), which
 // std::ifstream would turn into an exception of its own. The state follows
@@ -24,4 +24,4 @@ char process_state(long pid) {
   return close != std::string_view::npos && close + 2 < text.size() ? text[close + 2] : '\0';
 }
 
-}  // namespace loom::launch
+}  // namespace loom::detail
