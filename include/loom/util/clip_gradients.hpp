@@ -5,6 +5,8 @@
 #include <loom/util/clip_options.hpp>
 
 #include <ATen/core/Tensor.h>
+// clip_grad.h uses torch::Tensor without including what declares it.
+#include <torch/types.h>
 #include <torch/nn/utils/clip_grad.h>
 
 #include <optional>

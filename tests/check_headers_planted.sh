@@ -1,0 +1,75 @@
+#!/bin/sh
+# check_headers_planted.sh CHECK_HEADERS -- COMPILER ARGS...
+# check_headers.sh must catch a header that compiles only because another
+# header brought its standard or LibTorch include: three headers are planted
+# in a scratch include tree beside a correct one, and the check must fail
+# naming exactly the three.
+# - loom/planted/uses_vector.hpp uses std::vector, includes nothing;
+# - loom/planted/uses_tensor.hpp uses at::Tensor, includes only <vector>;
+# - loom/planted/uses_loom.hpp uses a loom name, includes nothing.
+# Every one of them compiles after a prelude (as the check used to compile
+# them): the control compiles them that way and must pass.
+set -eu
+check=$1
+shift 2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/include/loom/planted"
+cat > "$work/include/loom/planted/complete.hpp" <<'EOF'
+#pragma once
+#include <vector>
+#include <ATen/core/Tensor.h>
+namespace loom::planted { inline std::vector<at::Tensor> complete() { return {}; } }
+EOF
+cat > "$work/include/loom/planted/uses_vector.hpp" <<'EOF'
+#pragma once
+namespace loom::planted { inline std::vector<int> needs_vector() { return {1, 2}; } }
+EOF
+cat > "$work/include/loom/planted/uses_tensor.hpp" <<'EOF'
+#pragma once
+#include <vector>
+namespace loom::planted { inline std::vector<at::Tensor> needs_tensor() { return {}; } }
+EOF
+cat > "$work/include/loom/planted/uses_loom.hpp" <<'EOF'
+#pragma once
+#include <vector>
+#include <ATen/core/Tensor.h>
+namespace loom::planted { inline std::vector<at::Tensor> needs_loom() { return complete(); } }
+EOF
+
+status=0
+sh "$check" "$work/include" -- "$@" -I "$work/include" > "$work/out" 2>&1 || status=$?
+sed 's/^/  /' "$work/out" | grep -E 'FAIL|check_headers' || true
+failed=0
+if [ $status -eq 0 ]; then
+  echo "FAIL: check_headers.sh passed a tree with three incomplete headers"
+  failed=1
+fi
+for header in uses_vector uses_tensor uses_loom; do
+  if grep -q "^FAIL: loom/planted/$header.hpp" "$work/out"; then
+    echo "ok: loom/planted/$header.hpp is caught"
+  else
+    echo "FAIL: loom/planted/$header.hpp is not named"
+    failed=1
+  fi
+done
+if grep -q "^FAIL: loom/planted/complete.hpp" "$work/out"; then
+  echo "FAIL: the complete header was refused"
+  failed=1
+fi
+
+# Control: behind a prelude (what a real program includes first) all four
+# compile in one TU, so only compiling each with no prelude tells them apart.
+{
+  printf '#include <vector>\n#include <ATen/core/Tensor.h>\n#include <loom/planted/complete.hpp>\n'
+  for header in uses_vector uses_tensor uses_loom; do printf '#include <loom/planted/%s.hpp>\n' "$header"; done
+} > "$work/control.cpp"
+if ! "$@" -I "$work/include" -fsyntax-only "$work/control.cpp" > "$work/control" 2>&1; then
+  echo "FAIL: control: the planted headers do not compile even behind a prelude:"
+  head -n 5 "$work/control"
+  failed=1
+fi
+if [ $failed -eq 0 ]; then
+  echo "ok: behind a prelude all four compile; check_headers.sh, with none, names the three incomplete ones"
+fi
+exit $failed
