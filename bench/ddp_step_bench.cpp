@@ -8,6 +8,7 @@
 //   OMP_NUM_THREADS=1 build/tools/loom-run --strategy ddp --devices 2 build/bench/ddp_step_bench [STEPS]
 #include "step_model.hpp"
 
+#include <loom/environment.hpp>
 #include <loom/loom.hpp>
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/sgd.h>
@@ -28,8 +29,7 @@ int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 200;
   constexpr int warmup = 50;
   // LOOM_BENCH_BACKEND=mpi: the MPI process group (bench/ddp_mpi_vs_gloo.sh).
-  const char* backend = std::getenv("LOOM_BENCH_BACKEND");
-  const bool mpi = backend != nullptr && std::string(backend) == "mpi";
+  const bool mpi = loom::cluster::setting_text("LOOM_BENCH_BACKEND").value_or("") == "mpi";
   loom::Fabric<loom::cpu, loom::ddp, loom::fp32> fabric(
       {}, loom::ddp(loom::ddp_options{.process_group_backend = mpi ? loom::comm::backend::mpi : loom::comm::backend::gloo}));
   fabric.launch();

@@ -11,6 +11,7 @@
 //   OMP_NUM_THREADS=1 build/tools/loom-run --strategy fsdp --devices 2 build/bench/fsdp_step_bench [STEPS]
 #include "fsdp_model.hpp"
 
+#include <loom/environment.hpp>
 #include <loom/loom.hpp>
 
 #include <torch/nn/functional/loss.h>
@@ -82,9 +83,9 @@ int main(int argc, char** argv) {
   ::unsetenv("LT_CLI_USED");
   // LOOM_BENCH_ONLY=NAME runs one configuration alone (to see what interleaving costs);
   // LOOM_BENCH_SET=zero runs ZeRO stages 1, 2 and 3 and DDP (bench/zero_vs_torch.sh).
-  const char* only = std::getenv("LOOM_BENCH_ONLY");
-  const char* set = std::getenv("LOOM_BENCH_SET");
-  const bool zero_set = set != nullptr && std::string(set) == "zero";
+  const auto only_setting = loom::cluster::setting_text("LOOM_BENCH_ONLY");
+  const char* only = only_setting ? only_setting->c_str() : nullptr;
+  const bool zero_set = loom::cluster::setting_text("LOOM_BENCH_SET").value_or("") == "zero";
   // The steps train on one fixed batch, so after some tens of steps the
   // gradients reach denormal floats, whose x86 arithmetic is many times
   // slower (measured here: loom's ZeRO-1 step 85 ms with them, 38 ms

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <memory>
 #include <loom/any_fabric.hpp>
+#include <loom/environment.hpp>
 #include <loom/loom.hpp>
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/sgd.h>
@@ -237,7 +238,7 @@ int main(int argc, char** argv) {
   static char repetitions[] = "--benchmark_repetitions=10";
   if (!has_flag(args, "--benchmark_enable_random_interleaving")) args.insert(args.begin() + 1, interleave);
   if (!has_flag(args, "--benchmark_repetitions")) args.insert(args.begin() + 1, repetitions);
-  if (std::getenv("OMP_NUM_THREADS") == nullptr) at::set_num_threads(1);
+  if (!loom::cluster::process_environment()("OMP_NUM_THREADS")) at::set_num_threads(1);
   int count = static_cast<int>(args.size());
   benchmark::Initialize(&count, args.data());
   if (benchmark::ReportUnrecognizedArguments(count, args.data())) return 1;

@@ -8,6 +8,7 @@
 //
 //   OMP_NUM_THREADS=1 mpirun --allow-run-as-root -n 2 build/bench/mpi_allreduce_bench
 #include <loom/comm/process_group.hpp>
+#include <loom/environment.hpp>
 
 #include "median.hpp"
 
@@ -17,18 +18,19 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <climits>
 #include <string>
 #include <vector>
 
 namespace {
 
 int env_int(const char* name) {
-  const char* value = std::getenv(name);
-  if (value == nullptr) {
+  const auto value = loom::cluster::setting_integer(name, 0, 1 << 20);
+  if (!value) {
     std::fprintf(stderr, "mpi_allreduce_bench: %s is not set; run it under mpirun -n 2\n", name);
     std::exit(2);
   }
-  return std::atoi(value);
+  return static_cast<int>(*value);
 }
 
 }  // namespace
@@ -36,8 +38,8 @@ int env_int(const char* name) {
 int main() {
   const int rank = env_int("OMPI_COMM_WORLD_RANK");
   const int world = env_int("OMPI_COMM_WORLD_SIZE");
-  const char* job = std::getenv("OMPI_MCA_ess_base_jobid");
-  const int port = 20000 + static_cast<int>((job ? std::strtoull(job, nullptr, 10) : 7) % 20000);
+  const long long job = loom::cluster::setting_integer("OMPI_MCA_ess_base_jobid", 0, LLONG_MAX).value_or(7);
+  const int port = 20000 + static_cast<int>(job % 20000);
   using namespace loom::comm;
   // MPI's first (it initialises MPI with MPI_THREAD_MULTIPLE), then Gloo's.
   process_group mpi = process_group::connect(rendezvous{.port = port}, rank, world, group_options{.kind = backend::mpi});

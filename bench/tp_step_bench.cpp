@@ -11,6 +11,8 @@
 #include "median.hpp"
 #include "tp_block.hpp"
 
+#include <loom/environment.hpp>
+
 #include <torch/optim/sgd.h>
 
 #include <chrono>
@@ -73,7 +75,7 @@ int main(int argc, char** argv) {
   const double median_ms = loom_bench::median(step_ms);
   if (fabric.is_global_zero()) {
     std::printf("tp=%d threads=%s step_ms=%.1f collectives=%llu bytes=%.0f comm_ms=%.1f compute_ms=%.1f\n", tp,
-                std::getenv("OMP_NUM_THREADS") ? std::getenv("OMP_NUM_THREADS") : "?", median_ms,
+                loom::cluster::setting_text("OMP_NUM_THREADS").value_or("?").c_str(), median_ms,
                 static_cast<unsigned long long>(collectives), static_cast<double>(collectives) * activation_bytes,
                 comm_ms, median_ms - comm_ms);
   }

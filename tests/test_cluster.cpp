@@ -5,9 +5,11 @@
 #include "test_models.hpp"
 
 #include <loom/loom.hpp>
+#include <loom/environment.hpp>
 #include <loom/errors.hpp>
 #include <loom/runtime/names.hpp>
 
+#include <climits>
 #include <fstream>
 
 using loom::cluster::detect;
@@ -179,6 +181,41 @@ TEST_CASE("malformed values are errors that name the variable", "[cluster]") {
   expect_error({{"OMPI_COMM_WORLD_SIZE", "4x"}}, "OMPI_COMM_WORLD_SIZE='4x' is not an integer");
   expect_error({{"LOCAL_RANK", "one"}}, "LOCAL_RANK='one' is not an integer");
   expect_error({{"LOCAL_RANK", "0"}, {"WORLD_SIZE", "0"}}, "WORLD_SIZE=0 is not a world size");
+}
+
+TEST_CASE("one parser for settings: bad values are refused naming the variable and what is accepted", "[cluster]") {
+  using loom::cluster::setting_integer;
+  using loom::cluster::setting_seconds;
+  using loom::cluster::setting_text;
+  const auto env = recorded_environment({{"EMPTY", ""},
+                                         {"COUNT", "12"},
+                                         {"SPACED", " 12"},
+                                         {"FRACTION", "1.5"},
+                                         {"BIG", "99999999999999999999999"},
+                                         {"TIMEOUT", "2.5"},
+                                         {"ZERO", "0"},
+                                         {"HUGE", "1e300"},
+                                         {"INFINITE", "inf"},
+                                         {"NAN", "nan"},
+                                         {"NEGATIVE", "-3"},
+                                         {"UNIT", "30s"}});
+  CHECK_FALSE(setting_text("UNSET", env));
+  CHECK_FALSE(setting_text("EMPTY", env));  // empty counts as unset
+  CHECK(setting_integer("COUNT", 1, 100, env) == 12);
+  CHECK_FALSE(setting_integer("EMPTY", 1, 100, env));
+  CHECK_THROWS_WITH(setting_integer("COUNT", 1, 10, env),
+                    "COUNT='12' is not accepted: give a whole number from 1 to 10, or unset it");
+  CHECK_THROWS_AS(setting_integer("SPACED", 1, 100, env), loom::configuration_error);
+  CHECK_THROWS_AS(setting_integer("FRACTION", 1, 100, env), loom::configuration_error);
+  CHECK_THROWS_AS(setting_integer("BIG", 0, LLONG_MAX, env), loom::configuration_error);
+  CHECK(setting_seconds("TIMEOUT", 1e7, env) == 2.5);
+  CHECK(setting_seconds("ZERO", 1e7, env) == 0.0);
+  for (const char* bad : {"HUGE", "INFINITE", "NAN", "NEGATIVE", "UNIT", "BIG"}) {
+    INFO(bad);
+    CHECK_THROWS_WITH(setting_seconds(bad, 1e7, env),
+                      Catch::Contains(std::string(bad) + "='") &&
+                          Catch::Contains("is not accepted: give a number of seconds from 0 to 10000000"));
+  }
 }
 
 TEST_CASE("names: Lightning's precision spellings and loom-run's strategy list", "[cluster]") {

@@ -286,6 +286,27 @@ TEST_CASE("make_fabric passes a strategy's options (JSON text or file) and refus
                     Catch::Contains("neither a JSON object"));
 }
 
+TEST_CASE("LOOM_COLLECTIVE_TIMEOUT: seconds through the one parser, a bad value refused naming it", "[contract]") {
+  using loom::comm::effective_collective_timeout;
+  const std::chrono::milliseconds configured(300'000);
+  struct restore {
+    ~restore() { ::unsetenv("LOOM_COLLECTIVE_TIMEOUT"); }
+  } restore_after;
+  ::unsetenv("LOOM_COLLECTIVE_TIMEOUT");
+  CHECK(effective_collective_timeout(configured) == configured);
+  ::setenv("LOOM_COLLECTIVE_TIMEOUT", "2.5", 1);
+  CHECK(effective_collective_timeout(configured) == std::chrono::milliseconds(2500));
+  ::setenv("LOOM_COLLECTIVE_TIMEOUT", "0", 1);  // the watchdog off
+  CHECK(effective_collective_timeout(configured) == std::chrono::milliseconds(0));
+  // strtod read these before: 1e300 overflowed the cast, "3 s" was read as 3 and "x" ignored.
+  for (const char* bad : {"1e300", "3 s", "x", "-1", "inf"}) {
+    INFO(bad);
+    ::setenv("LOOM_COLLECTIVE_TIMEOUT", bad, 1);
+    CHECK_THROWS_WITH(effective_collective_timeout(configured),
+                      Catch::Contains(std::string("LOOM_COLLECTIVE_TIMEOUT='") + bad + "' is not accepted"));
+  }
+}
+
 TEST_CASE("the compatibility rules see the same facts from the types as from the names", "[contract][runtime]") {
   // Fabric reads the facts from the policy types, the connector (and
   // loom-run) from the built-in names: the two must agree for every built-in.

@@ -48,8 +48,8 @@ int visible_cuda_devices() {
     (void)entry;
     ++count;
   }
-  if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES"); visible != nullptr) {
-    const std::string text(visible);
+  if (const auto visible = loom::cluster::process_environment()("CUDA_VISIBLE_DEVICES")) {
+    const std::string& text = *visible;
     int listed = text.empty() ? 0 : 1;
     for (char c : text) listed += c == ',' ? 1 : 0;
     count = std::min(count, listed);
@@ -167,34 +167,34 @@ int main(int argc, char** argv) {
   }
 
   // What every rank reads (Lightning's LT_* plus the rank variables).
-  ::setenv("LT_CLI_USED", "1", 1);
-  if (!args.accelerator.empty()) ::setenv("LT_ACCELERATOR", args.accelerator.c_str(), 1);
-  if (!args.strategy.empty()) ::setenv("LT_STRATEGY", args.strategy.c_str(), 1);
-  ::setenv("LT_DEVICES", args.devices.c_str(), 1);
-  ::setenv("LT_NUM_NODES", std::to_string(args.num_nodes).c_str(), 1);
-  if (!args.precision.empty()) ::setenv("LT_PRECISION", args.precision.c_str(), 1);
-  ::setenv("NODE_RANK", std::to_string(args.node_rank).c_str(), 1);
-  ::setenv("WORLD_SIZE", std::to_string(processes * args.num_nodes).c_str(), 1);
-  ::setenv("MASTER_ADDR", args.main_address.c_str(), 1);
-  ::setenv("MASTER_PORT", std::to_string(args.main_port).c_str(), 1);
-  if (std::getenv("OMP_NUM_THREADS") == nullptr) {
-    // The cores shared out among this node's processes.
-    const unsigned cores = std::max(1U, std::thread::hardware_concurrency());
-    ::setenv("OMP_NUM_THREADS", std::to_string(std::max(1U, cores / static_cast<unsigned>(processes))).c_str(), 1);
-  }
+  using loom::cluster::export_variable;
+  export_variable("LT_CLI_USED", "1");
+  if (!args.accelerator.empty()) export_variable("LT_ACCELERATOR", args.accelerator);
+  if (!args.strategy.empty()) export_variable("LT_STRATEGY", args.strategy);
+  export_variable("LT_DEVICES", args.devices);
+  export_variable("LT_NUM_NODES", std::to_string(args.num_nodes));
+  if (!args.precision.empty()) export_variable("LT_PRECISION", args.precision);
+  export_variable("NODE_RANK", std::to_string(args.node_rank));
+  export_variable("WORLD_SIZE", std::to_string(processes * args.num_nodes));
+  export_variable("MASTER_ADDR", args.main_address);
+  export_variable("MASTER_PORT", std::to_string(args.main_port));
+  // The cores shared out among this node's processes, unless the user chose.
+  const unsigned cores = std::max(1U, std::thread::hardware_concurrency());
+  export_variable("OMP_NUM_THREADS", std::to_string(std::max(1U, cores / static_cast<unsigned>(processes))),
+                  /*overwrite=*/false);
   // One node: the ranks meet through a file in a private directory, so
   // nothing listens on the network for the rendezvous.
   std::string rendezvous_dir;
   if (args.num_nodes == 1) {
     rendezvous_dir = loom::launch::make_private_directory();
-    ::setenv(loom::cluster::rendezvous_dir_variable, rendezvous_dir.c_str(), 1);
+    export_variable(loom::cluster::rendezvous_dir_variable, rendezvous_dir);
   }
 
   // The collective watchdog of a rank that ends the job writes its message
   // here, so the launcher's summary can say why.
   const std::string report_dir = loom::launch::make_private_directory();
   const std::string report_path = report_dir + "/watchdog-report";
-  ::setenv("LOOM_WATCHDOG_REPORT", report_path.c_str(), 1);
+  export_variable("LOOM_WATCHDOG_REPORT", report_path);
 
   struct sigaction action {};
   action.sa_handler = forward_signal;

@@ -4,33 +4,17 @@
 #include <loom/cluster/environment.hpp>
 #include <loom/errors.hpp>
 
-#include "../util/environment_integer.hpp"
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <regex>
 #include <vector>
 
 namespace loom::cluster {
-
-env_lookup process_environment() {
-  return [](std::string_view name) -> std::optional<std::string> {
-    const char* value = std::getenv(std::string(name).c_str());
-    if (value == nullptr) return std::nullopt;
-    return std::string(value);
-  };
-}
-
-env_lookup recorded_environment(std::map<std::string, std::string> variables) {
-  return [variables = std::move(variables)](std::string_view name) -> std::optional<std::string> {
-    auto it = variables.find(std::string(name));
-    if (it == variables.end()) return std::nullopt;
-    return it->second;
-  };
-}
 
 namespace {
 
@@ -39,7 +23,7 @@ bool has(const env_lookup& env, std::string_view name) { return env(name).has_va
 std::int64_t parse_integer(std::string_view name, const std::string& text, std::string_view environment) {
   // Schedulers pad some values with spaces ("  2"): leading ones are allowed.
   const auto first = text.find_first_not_of(' ');
-  const auto value = first == std::string::npos ? std::nullopt : detail::whole_number(std::string_view(text).substr(first));
+  const auto value = first == std::string::npos ? std::nullopt : whole_number(std::string_view(text).substr(first));
   if (!value) {
     throw configuration_error(std::string(name) + "='" + text + "' is not an integer (read by loom's " +
                               std::string(environment) + " environment)");
@@ -263,7 +247,7 @@ bool detect_mpi(const env_lookup& env) {
   const mpi_names* names = mpi_flavour(env);
   if (names == nullptr) return false;
   const auto size = env(names->size);
-  const auto value = detail::whole_number(*size);
+  const auto value = whole_number(*size);
   return !value || *value > 1;  // a malformed size is reported by read_mpi
 }
 

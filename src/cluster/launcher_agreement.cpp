@@ -2,16 +2,12 @@
 #include <loom/cluster/launcher_agreement.hpp>
 #include <loom/policy_names.hpp>
 
-#include <cstdlib>
+#include <loom/environment.hpp>
 
 namespace loom::cluster {
 
 namespace {
-std::optional<std::string> variable(const char* name) {
-  const char* value = std::getenv(name);
-  if (value == nullptr) return std::nullopt;
-  return std::string(value);
-}
+std::optional<std::string> variable(const char* name) { return process_environment()(name); }
 }  // namespace
 
 std::string launcher_conflict(std::string_view accelerator, std::string_view strategy, std::string_view precision,

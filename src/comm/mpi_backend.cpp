@@ -1,7 +1,7 @@
 // loom's c10d process group over MPI (mpi_backend.hpp).
 #include "mpi_backend.hpp"
 #include "mpi_error_text.hpp"
-#include "../util/environment_integer.hpp"
+#include <loom/environment.hpp>
 
 #include <loom/errors.hpp>
 
@@ -202,7 +202,7 @@ c10::intrusive_ptr<mpi_backend> mpi_backend::create(MPI_Comm parent, std::chrono
   if (!initialised) {
     // OpenMPI's blocking calls poll: yield the core while they do (an
     // application that set it already keeps its choice).
-    ::setenv("OMPI_MCA_mpi_yield_when_idle", "1", /*overwrite=*/0);
+    cluster::export_variable("OMPI_MCA_mpi_yield_when_idle", "1", /*overwrite=*/false);
     MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
     // loom started MPI, so loom ends it (after main: the groups are gone by
     // then, and mpirun counts a process that never finalized as failed).
@@ -260,11 +260,11 @@ mpi_backend::mpi_backend(MPI_Comm own, int rank, int size, std::chrono::millisec
 mpi_backend::settings mpi_backend::settings::from_environment() {
   constexpr long long most = std::numeric_limits<int>::max();
   return {
-      .yield_window = std::chrono::microseconds(detail::environment_integer("LOOM_MPI_YIELD_US", 0, 10'000'000).value_or(2000)),
-      .blocking_bytes = detail::environment_integer("LOOM_MPI_BLOCKING_BYTES", 0, most).value_or(1LL << 20),
-      .piece_bytes = detail::environment_integer("LOOM_MPI_PIECE_BYTES", 1, most).value_or(4LL << 20),
-      .synchronous = detail::environment_integer("LOOM_MPI_SYNCHRONOUS", 0, 1).value_or(0) == 1,
-      .shared_memory = detail::environment_integer("LOOM_MPI_SHARED_MEMORY", 0, 1).value_or(1) == 1,
+      .yield_window = std::chrono::microseconds(cluster::setting_integer("LOOM_MPI_YIELD_US", 0, 10'000'000).value_or(2000)),
+      .blocking_bytes = cluster::setting_integer("LOOM_MPI_BLOCKING_BYTES", 0, most).value_or(1LL << 20),
+      .piece_bytes = cluster::setting_integer("LOOM_MPI_PIECE_BYTES", 1, most).value_or(4LL << 20),
+      .synchronous = cluster::setting_integer("LOOM_MPI_SYNCHRONOUS", 0, 1).value_or(0) == 1,
+      .shared_memory = cluster::setting_integer("LOOM_MPI_SHARED_MEMORY", 0, 1).value_or(1) == 1,
   };
 }
 

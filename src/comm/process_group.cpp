@@ -7,8 +7,9 @@
 
 #include <loom/comm/process_group.hpp>
 #include <loom/compat_c10d.hpp>
+#include <loom/environment.hpp>
 #include <loom/errors.hpp>
-#include <loom/launch/process_state.hpp>
+#include <loom/util/process_state.hpp>
 
 #if defined(LOOM_WITH_MPI)
 #include "mpi_backend.hpp"
@@ -51,7 +52,7 @@ std::string hostname() {
 
 // Whether process pid on this host has exited (gone, or a zombie not yet reaped).
 bool process_gone(long pid) {
-  const char state = launch::process_state(pid);
+  const char state = detail::process_state(pid);
   return state == '\0' || state == 'Z' || state == 'X';
 }
 
@@ -167,8 +168,8 @@ at::Tensor wire_tensor(const process_group_state& state, const at::Tensor& tenso
 namespace {
 
 std::shared_ptr<::gloo::transport::Device> gloo_device(const group_options& options) {
-  if (const char* interface = std::getenv("GLOO_SOCKET_IFNAME"); interface != nullptr && *interface != '\0') {
-    return c10d::ProcessGroupGloo::createDeviceForInterface(interface);
+  if (const auto interface = cluster::setting_text("GLOO_SOCKET_IFNAME")) {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(*interface);
   }
   if (options.loopback_only) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   return c10d::ProcessGroupGloo::createDefaultDevice();

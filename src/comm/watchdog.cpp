@@ -3,12 +3,15 @@
 #include "watchdog_exchanges.hpp"
 
 #include <loom/comm/process_group.hpp>
+#include <loom/environment.hpp>
 
 #include <cxxabi.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <cstdint>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -48,8 +51,8 @@ void write_stderr(const std::string& text) {
 // (LOOM_WATCHDOG_REPORT), from which loom-run's summary quotes it.
 void tell(const std::string& message) {
   write_stderr(message);
-  if (const char* report = std::getenv("LOOM_WATCHDOG_REPORT"); report != nullptr && *report != '\0') {
-    std::ofstream(report, std::ios::app) << message << '\n';
+  if (const auto report = cluster::setting_text("LOOM_WATCHDOG_REPORT")) {
+    std::ofstream(*report, std::ios::app) << message << '\n';
   }
 }
 
@@ -274,10 +277,9 @@ class watchdog_thread {
 }  // namespace
 
 std::chrono::milliseconds effective_collective_timeout(std::chrono::milliseconds configured) {
-  if (const char* text = std::getenv("LOOM_COLLECTIVE_TIMEOUT"); text != nullptr && *text != '\0') {
-    char* end = nullptr;
-    const double seconds = std::strtod(text, &end);
-    if (end != text && seconds >= 0) return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
+  // At most 10^7 s (115 days): its milliseconds fit any clock's count.
+  if (const auto seconds = cluster::setting_seconds("LOOM_COLLECTIVE_TIMEOUT", 1e7)) {
+    return std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(*seconds * 1000.0)));
   }
   return configured;
 }

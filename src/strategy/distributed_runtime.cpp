@@ -1,7 +1,7 @@
 #include <loom/errors.hpp>
 #include <loom/strategy/distributed_runtime.hpp>
 
-#include "../util/environment_integer.hpp"
+#include <loom/environment.hpp>
 
 #if defined(LOOM_WITH_MPI)
 #ifndef OMPI_SKIP_MPICXX
@@ -87,7 +87,7 @@ distributed_runtime::distributed_runtime(const strategy_environment& environment
             "MASTER_ADDR, MASTER_PORT for several nodes). Start the program with loom-run instead.");
       }
       world_size_ = *cluster_.world_size;
-      if (auto nodes = environment_integer("LT_NUM_NODES", 1, 1 << 20)) num_nodes_ = static_cast<int>(*nodes);
+      if (auto nodes = cluster::setting_integer("LT_NUM_NODES", 1, 1 << 20)) num_nodes_ = static_cast<int>(*nodes);
     } else {
       world_size_ = *cluster_.world_size;
     }
@@ -96,8 +96,8 @@ distributed_runtime::distributed_runtime(const strategy_environment& environment
       local_world_size_ = environment.parse_devices(requested).count();
     } else if (cluster_.local_world_size) {
       local_world_size_ = *cluster_.local_world_size;
-    } else if (const char* cli = std::getenv("LT_DEVICES"); cli != nullptr) {
-      local_world_size_ = environment.parse_devices(devices_spec(std::string(cli))).count();
+    } else if (const auto cli = cluster::setting_text("LT_DEVICES")) {
+      local_world_size_ = environment.parse_devices(devices_spec(*cli)).count();
     } else {
       local_world_size_ = std::max(1, world_size_ / std::max(1, num_nodes_));
     }
@@ -130,14 +130,15 @@ distributed_runtime::distributed_runtime(const strategy_environment& environment
 }
 
 void distributed_runtime::export_rank_variables(int local_rank) const {
-  ::setenv("LOCAL_RANK", std::to_string(local_rank).c_str(), 1);
-  ::setenv("NODE_RANK", std::to_string(node_rank_).c_str(), 1);
-  ::setenv("WORLD_SIZE", std::to_string(world_size_).c_str(), 1);
-  ::setenv("MASTER_ADDR", cluster_.main_address.c_str(), 1);
-  if (cluster_.main_port != 0) ::setenv("MASTER_PORT", std::to_string(cluster_.main_port).c_str(), 1);
-  if (!rendezvous_dir_.empty()) ::setenv(cluster::rendezvous_dir_variable, rendezvous_dir_.c_str(), 1);
-  ::setenv("LT_DEVICES", std::to_string(local_world_size_).c_str(), 1);
-  ::setenv("LT_NUM_NODES", std::to_string(num_nodes_).c_str(), 1);
+  using cluster::export_variable;
+  export_variable("LOCAL_RANK", std::to_string(local_rank));
+  export_variable("NODE_RANK", std::to_string(node_rank_));
+  export_variable("WORLD_SIZE", std::to_string(world_size_));
+  export_variable("MASTER_ADDR", cluster_.main_address);
+  if (cluster_.main_port != 0) export_variable("MASTER_PORT", std::to_string(cluster_.main_port));
+  if (!rendezvous_dir_.empty()) export_variable(cluster::rendezvous_dir_variable, rendezvous_dir_);
+  export_variable("LT_DEVICES", std::to_string(local_world_size_));
+  export_variable("LT_NUM_NODES", std::to_string(num_nodes_));
 }
 
 void distributed_runtime::start_subprocesses() {

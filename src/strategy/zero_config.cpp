@@ -4,6 +4,7 @@
 // key by key against loom's table. The table is the code below: each key is
 // read with its type and range, or noted (accepted, no effect in loom), or
 // refused; whatever is left unread is an unknown key.
+#include <loom/environment.hpp>
 #include <loom/errors.hpp>
 #include <loom/strategy/zero_config.hpp>
 
@@ -418,9 +419,9 @@ zero_config resolve_zero_config(const deepspeed_options& options, std::string_vi
                       options.config[options.config.find_first_not_of(" \t\r\n")] == '{';
     config.source = text ? "a config object" : "config file " + options.config;
     root = text ? parse_text(options.config, config.source) : read_file(options.config, config.source);
-  } else if (const char* path = std::getenv("PL_DEEPSPEED_CONFIG_PATH"); path != nullptr && *path != '\0') {
-    config.source = std::string("PL_DEEPSPEED_CONFIG_PATH=") + path;
-    root = read_file(path, config.source);
+  } else if (const auto path = cluster::setting_text("PL_DEEPSPEED_CONFIG_PATH")) {
+    config.source = "PL_DEEPSPEED_CONFIG_PATH=" + *path;
+    root = read_file(*path, config.source);
   } else {
     config.source = "the strategy's arguments";
     root = from_arguments(options);

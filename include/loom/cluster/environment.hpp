@@ -3,19 +3,13 @@
 // plugins, in Lightning's detection order). No torch headers.
 #pragma once
 
-#include <functional>
-#include <map>
+#include <loom/environment.hpp>  // env_lookup: one way to read the environment
+
 #include <optional>
 #include <string>
 #include <string_view>
 
 namespace loom::cluster {
-
-// Reads one environment variable; tests pass recorded sets instead of getenv.
-using env_lookup = std::function<std::optional<std::string>(std::string_view name)>;
-
-env_lookup process_environment();
-env_lookup recorded_environment(std::map<std::string, std::string> variables);
 
 // What an environment says about this process.
 struct cluster_info {
