@@ -510,6 +510,7 @@ int main(int argc, char** argv) {
       fsdp_fabric fabric({.devices = loom::devices_spec(devices), .num_nodes = 2},
                          loom::fsdp(loom::fsdp_options{.strategy = sharding_strategy::hybrid_shard}));
       laws::rank_for_messages = fabric.global_rank();
+      LAW_EXPECT(fabric.world_size() == 4, "HYBRID_SHARD runs on 2 nodes x 2 ranks, not %d ranks", fabric.world_size());
       laws::law_equivalence(fabric, make_net, "HYBRID_SHARD (replicate=2, shard=2)");
       const bool everyone = fabric.reduce_boolean_decision(laws::failures == 0, /*all=*/true);
       if (fabric.is_global_zero()) {
@@ -521,6 +522,7 @@ int main(int argc, char** argv) {
     fsdp_fabric launcher({.devices = loom::devices_spec(devices)});
     launcher.launch();
     laws::rank_for_messages = launcher.global_rank();
+    if (scenario != "save_forever") laws::require_multi_rank(launcher, ("the FSDP laws (" + scenario + ")").c_str());
     if (scenario == "laws") {
       law_strategies({sharding_strategy::full_shard, sharding_strategy::shard_grad_op, sharding_strategy::no_shard});
       law_variants();

@@ -35,6 +35,16 @@ inline int rank_for_messages = -1;
 
 constexpr int64_t global_batch = 32;
 
+// A law "N ranks equal one" checked on one rank compares one process with
+// itself and cannot fail: every multi-rank law first asserts that it runs
+// on more than one rank (a launcher that started one process, or a
+// world-size variable lost on the way, fails here instead of passing).
+template <class F>
+void require_multi_rank(F& fabric, const char* what) {
+  LAW_EXPECT(fabric.world_size() > 1, "%s ran on world size %d: a multi-rank law needs more than one rank", what,
+             fabric.world_size());
+}
+
 // Builds a Fabric that loom-run's flags do not describe (single_device in
 // one rank, a second strategy beside the launched one): loom-run's check of
 // the Fabric against its flags (LT_CLI_USED) is lifted while it is built.
@@ -110,6 +120,7 @@ struct equivalence_result {
 template <class F, class Make>
 equivalence_result law_equivalence(F& fabric, Make&& make, const char* what, int steps = 20,
                                    bool build_optimizer_after_setup = false, tolerance allowed = {}) {
+  require_multi_rank(fabric, what);
   const int r = fabric.global_rank();
   const int w = fabric.world_size();
   auto net = make();

@@ -77,6 +77,7 @@ int run_mlp() {
   const int r = fabric.global_rank();
   const int tp = fabric.world_size();
   laws::rank_for_messages = r;
+  laws::require_multi_rank(fabric, "tp mlp");
   LAW_EXPECT(fabric.strategy().device_mesh().size("tensor_parallel") == tp &&
                  fabric.strategy().device_mesh().size("data_parallel") == 1,
              "the mesh is 1 x %d", tp);
@@ -220,6 +221,7 @@ int run_block(bool sequence) {
   const int r = fabric.global_rank();
   const int tp = fabric.world_size();
   laws::rank_for_messages = r;
+  laws::require_multi_rank(fabric, "tp block");
   auto reference = seeded_block<ReferenceBlock>();
   auto net = seeded_block<Block>();
   torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-3));
@@ -335,6 +337,7 @@ int run_mesh() {
   fabric.launch();
   const int r = fabric.global_rank();
   laws::rank_for_messages = r;
+  laws::require_multi_rank(fabric, "tp mesh");
   auto& strategy = fabric.strategy();
   const int dp = strategy.device_mesh().coordinate("data_parallel");
   LAW_EXPECT(strategy.sampler_replicas() == 2 && strategy.sampler_rank() == dp && dp == r / 2,
@@ -393,6 +396,7 @@ int run_checkpoint(const std::string& directory) {
   fabric.launch();
   const int r = fabric.global_rank();
   laws::rank_for_messages = r;
+  laws::require_multi_rank(fabric, "tp checkpoint");
   const int dp = fabric.strategy().device_mesh().coordinate("data_parallel");
   const int64_t half = global_batch / 2;
   auto step_on = [&](auto& model, auto& optimizer, int step) {
@@ -471,6 +475,7 @@ int run_dropout() {
   loom::Fabric<loom::cpu, loom::parallel> fabric({}, loom::parallel());
   fabric.launch();
   laws::rank_for_messages = fabric.global_rank();
+  laws::require_multi_rank(fabric, "tp dropout");
   auto two = std::make_shared<TwoImpl>();
   at::manual_seed(11);
   loom::tp::parallelize_module(*two, fabric.strategy().group(), {{"sharded", loom::tp::sequence_parallel{}}});
@@ -517,6 +522,7 @@ int run_embed() {
   const int r = fabric.global_rank();
   const int tp = fabric.world_size();
   laws::rank_for_messages = r;
+  laws::require_multi_rank(fabric, "tp embed");
   auto reference = seeded<ReferenceEmbed>();
   (void)fabric.strategy().device_mesh();  // the mesh's groups first: what is counted below is the model's
   auto& counter = loom_bench::install_counting_allocator();

@@ -14,9 +14,13 @@
 #   no alarm. The torchrun case waits out its launcher's teardown (30 s) while
 #   the slow run goes on.
 # Arguments: dist_worker (unused) loom-run watchdog_worker torchrun mpi|no-mpi
+# Without python3-torch (torchrun) or MPI those parts are skipped, and the
+# test reports SKIP.
+set -eu
+# shellcheck source=tests/dist/common.sh
 . "$(dirname "$0")/common.sh"
 WATCHDOG=$(realpath "$3")
-TORCHRUN=$4
+TORCHRUN=$(realpath "$4")
 WITH_MPI=$5
 TRIALS=${LOOM_WATCHDOG_TRIALS:-3}
 SLOW_SECONDS=${LOOM_WATCHDOG_SLOW_SECONDS:-60}
@@ -31,8 +35,8 @@ sed -n 's/^watchdog count: pairwise/  pairwise/p' "$WORK/count"
 
 # wait_started FILE N: until N ranks printed "training" (10 s at most).
 wait_started() {
-  for i in $(seq 1 200); do
-    [ "$(grep -c ' training$' "$1")" -ge "$2" ] && return 0
+  for _ in $(seq 1 200); do
+    if [ "$(grep -c ' training$' "$1")" -ge "$2" ]; then return 0; fi
     sleep 0.05
   done
   return 1
@@ -41,13 +45,13 @@ wait_started() {
 # wait_bounded PID MS: waits for PID (a child of this shell) at most MS
 # milliseconds longer than the bound; sets status and elapsed (since $start).
 wait_bounded() {
-  for i in $(seq 1 $(( ($2 + 5000) / 50 ))); do
+  for _ in $(seq 1 $(( ($2 + 5000) / 50 ))); do
     kill -0 "$1" 2>/dev/null || break
     sleep 0.05
   done
-  kill -9 "$1" 2>/dev/null
-  wait "$1"
-  status=$?
+  kill -9 "$1" 2>/dev/null || true
+  status=0
+  wait "$1" || status=$?
   elapsed=$(elapsed_ms "$start")
 }
 
@@ -55,15 +59,15 @@ wait_bounded() {
 # within the bound, LIVE ranks printed a message naming rank 1, the victim
 # is gone.
 stopped_rank_check() {
-  named=$(grep -c "^loom watchdog.* rank 1 (" "$2")
+  named=$(grep -c "^loom watchdog.* rank 1 (" "$2" || true)
   # mpirun returns while its runtime is still killing the ranks.
-  for i in $(seq 1 60); do kill -0 "$3" 2>/dev/null || break; sleep 0.05; done
+  for _ in $(seq 1 60); do kill -0 "$3" 2>/dev/null || break; sleep 0.05; done
   if [ "$status" -ne 0 ] && [ "$elapsed" -lt "$5" ] && [ "$named" -ge "$4" ] && ! kill -0 "$3" 2>/dev/null; then
     pass "$1: the job ended in $elapsed ms (exit $status), $named ranks printed the message naming rank 1"
   else
     fail "$1: exit $status after $elapsed ms, $named messages naming rank 1, victim $3 $(kill -0 "$3" 2>/dev/null && echo alive || echo gone):"
     sed 's/^/    /' "$2" | head -n 30
-    kill -9 "$3" 2>/dev/null
+    kill -9 "$3" 2>/dev/null || true
   fi
 }
 
@@ -76,15 +80,16 @@ stop_rank_start() {
   name=$1 ranks=$2 pause=$3
   shift 4
   out="$WORK/$name"
-  ( "$@" "$WATCHDOG" train "$MARK" > "$out" 2>&1; echo $? > "$out.status"; date +%s%N > "$out.end" ) &
-  eval "launcher_$name=\$!"
+  ( job=0; "$@" "$WATCHDOG" train "$MARK" > "$out" 2>&1 || job=$?; echo "$job" > "$out.status"; date +%s%N > "$out.end" ) &
+  echo $! > "$out.launcher"
   victim=""
   if wait_started "$out" "$ranks"; then
     sleep "$pause"
     victim=$(sed -n 's/^rank 1 pid \([0-9]*\) training$/\1/p' "$out")
-    kill -STOP "$victim"
+    if [ -n "$victim" ]; then kill -STOP "$victim"; fi
   fi
-  eval "victim_$name=\$victim start_$name=$(date +%s%N)"
+  echo "$victim" > "$out.victim"
+  date +%s%N > "$out.start"
 }
 
 # stop_rank_finish NAME BOUND_MS RANKS WHAT: the job stop_rank_start began
@@ -93,7 +98,7 @@ stop_rank_start() {
 stop_rank_finish() {
   name=$1 bound=$2 ranks=$3 what=$4
   out="$WORK/$name"
-  eval "launcher=\$launcher_$name victim=\$victim_$name start=\$start_$name"
+  launcher=$(cat "$out.launcher") victim=$(cat "$out.victim") start=$(cat "$out.start")
   if [ -n "$victim" ]; then
     while [ ! -e "$out.end" ] && [ "$(elapsed_ms "$start")" -lt $((bound + 5000)) ]; do sleep 0.05; done
     if [ -e "$out.end" ]; then
@@ -106,8 +111,8 @@ stop_rank_finish() {
   else
     fail "$name: the ranks did not start"; sed 's/^/    /' "$out" | head -n 20
   fi
-  pkill -9 -f "$WATCHDOG train $MARK" 2>/dev/null
-  wait "$launcher" 2>/dev/null
+  pkill -9 -f "$WATCHDOG train $MARK" 2>/dev/null || true
+  wait "$launcher" 2>/dev/null || true
 }
 
 # stop_rank_under NAME BOUND_MS RANKS PAUSE WHAT -- LAUNCHER...: both at once.
@@ -133,10 +138,10 @@ expect_no_leftovers "after the stopped-rank trials"
 # launcher here, so the test ends the stopped rank itself.
 port=$(free_port)
 out="$WORK/store_host"
-for rank in 0 1; do
-  LOCAL_RANK=$rank WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$WATCHDOG" train "$MARK" >> "$out" 2>&1 &
-  eval "rank_$rank=\$!"
-done
+LOCAL_RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$WATCHDOG" train "$MARK" >> "$out" 2>&1 &
+rank_0=$!
+LOCAL_RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$WATCHDOG" train "$MARK" >> "$out" 2>&1 &
+rank_1=$!
 if wait_started "$out" 2; then
   sleep 0.3
   kill -STOP "$rank_0"
@@ -151,8 +156,8 @@ if wait_started "$out" 2; then
 else
   fail "store_host: the ranks did not start"; sed 's/^/    /' "$out" | head -n 20
 fi
-kill -9 "$rank_0" "$rank_1" 2>/dev/null
-wait "$rank_0" 2>/dev/null
+kill -9 "$rank_0" "$rank_1" 2>/dev/null || true
+wait "$rank_0" 2>/dev/null || true
 expect_no_leftovers "after the stopped store host"
 
 # The MPI group has no store: the records travel over a duplicated
@@ -161,12 +166,14 @@ if [ "$WITH_MPI" = mpi ]; then
   stop_rank_under mpirun "$BOUND_MS" 2 0.3 "kill -STOP of rank 1 under mpirun, on the MPI group (MPI_Abort ends the job)" -- \
     mpirun --allow-run-as-root --oversubscribe -x LOOM_TEST_BACKEND=mpi -x LOOM_TEST_COLLECTIVE_S \
     -x MASTER_ADDR=192.0.2.1 -x MASTER_PORT=9 -n 2
+else
+  skip "kill -STOP under mpirun on the MPI group: this build has no MPI"
 fi
 
 # Desynchronised collectives: both ops named, every rank ends.
 start=$(date +%s%N)
-timeout 60 "$LOOM_RUN" --devices 2 "$WATCHDOG" desync "$MARK" > "$WORK/desync" 2>&1
-status=$?
+status=0
+timeout 60 "$LOOM_RUN" --devices 2 "$WATCHDOG" desync "$MARK" > "$WORK/desync" 2>&1 || status=$?
 took=$(elapsed_ms "$start")
 if [ $status -ne 0 ] && grep -q "desynchronised collectives in group 'world' (2 ranks): at collective #" "$WORK/desync" &&
   grep -q "entered broadcast(Float\[4\])" "$WORK/desync" && grep -q "entered all_reduce(Float\[4\])" "$WORK/desync"; then
@@ -178,9 +185,9 @@ fi
 
 # When the group's own timeout (2 s) fails the mismatched collective before
 # the watchdog speaks (60 s), the error path names the desync the same way.
+status=0
 LOOM_TEST_GROUP_TIMEOUT_MS=2000 LOOM_TEST_COLLECTIVE_S=60 \
-  timeout 60 "$LOOM_RUN" --devices 2 "$WATCHDOG" desync "$MARK" > "$WORK/desync_error" 2>&1
-status=$?
+  timeout 60 "$LOOM_RUN" --devices 2 "$WATCHDOG" desync "$MARK" > "$WORK/desync_error" 2>&1 || status=$?
 expect_contains "$WORK/desync_error" "the collective failed: desynchronised collectives in group 'world' (2 ranks): at collective #1" \
   "a desync that fails in Gloo (its timeout) raises a peer_error that starts with the desync sentence (exit $status)"
 
@@ -188,8 +195,8 @@ expect_contains "$WORK/desync_error" "the collective failed: desynchronised coll
 # exception ends the process through std::terminate; loom's handler names
 # the desync first (both shapes) and ends with the watchdog's status.
 start=$(date +%s%N)
-LOOM_TEST_DESYNC=shape timeout 60 "$LOOM_RUN" --devices 2 "$WATCHDOG" desync "$MARK" > "$WORK/desync_shape" 2>&1
-status=$?
+status=0
+LOOM_TEST_DESYNC=shape timeout 60 "$LOOM_RUN" --devices 2 "$WATCHDOG" desync "$MARK" > "$WORK/desync_shape" 2>&1 || status=$?
 took=$(elapsed_ms "$start")
 if [ $status -eq 70 ] && grep -q "^loom watchdog (Gloo ended this rank on a size mismatch): desynchronised collectives in group 'world' (2 ranks): at collective #1" "$WORK/desync_shape" &&
   grep -q "entered all_reduce(Float\[4\])" "$WORK/desync_shape" && grep -q "entered all_reduce(Float\[4096\])" "$WORK/desync_shape"; then
@@ -202,23 +209,23 @@ fi
 # stays pending on a stopped process; torchrun sends SIGKILL after its 30 s
 # grace), so its bound is longer. That grace is idle waiting: the slow run
 # below goes on meanwhile, and the job is checked after it.
-if [ -x "$TORCHRUN" ]; then
+if torchrun_usable; then
   stop_rank_start torchrun 2 0.3 -- "$TORCHRUN" --standalone --nproc_per_node 2 --no_python
 else
-  echo "SKIP torchrun: $TORCHRUN not found (it lives in ../shared/tools)"
+  skip "kill -STOP under torchrun: /usr/bin/python3 cannot import torch.distributed.run (install python3-torch)"
 fi
 
 # Slow is not stuck.
+status=0
 LOOM_TEST_SECONDS=$SLOW_SECONDS LOOM_TEST_SLOW_RANK=1 LOOM_TEST_SLOW_MS=1200 \
-  timeout $((SLOW_SECONDS + 120)) "$LOOM_RUN" --devices 2 "$WATCHDOG" train "$MARK" > "$WORK/slow" 2>&1
-status=$?
+  timeout $((SLOW_SECONDS + 120)) "$LOOM_RUN" --devices 2 "$WATCHDOG" train "$MARK" > "$WORK/slow" 2>&1 || status=$?
 if [ $status -eq 0 ] && ! grep -q "loom watchdog" "$WORK/slow"; then
   pass "no false alarm: $SLOW_SECONDS s of DDP with one rank 1.2 s late every step (collective_timeout 3 s): $(sed -n 's/^rank 0: \(.*\), done$/\1/p' "$WORK/slow")"
 else
   fail "slow run: exit $status:"; sed 's/^/    /' "$WORK/slow" | head -n 30
 fi
-if [ -x "$TORCHRUN" ]; then
+if torchrun_usable; then
   stop_rank_finish torchrun 45000 2 "kill -STOP of rank 1 under torchrun (its teardown kills the stopped rank)"
 fi
 expect_no_leftovers "watchdog"
-exit $failed
+finish

@@ -578,6 +578,7 @@ int main(int argc, char** argv) {
     zero_fabric launcher({.devices = loom::devices_spec(devices)});
     launcher.launch();
     laws::rank_for_messages = launcher.global_rank();
+    if (scenario != "save_forever") laws::require_multi_rank(launcher, ("the ZeRO laws (" + scenario + ")").c_str());
     if (scenario == "laws") {
       law_stages();
       for (int s : {1, 2, 3}) law_accumulation_from_json(s, /*through_environment=*/s == 3);
