@@ -36,11 +36,11 @@ if [ -n "${BASELINE:-}" ]; then
   cp "$BASELINE/examples/minimal.cpp" "$work/base_loom_minimal.cpp"
 fi
 flags="-std=c++20 -O2 -D_GLIBCXX_USE_CXX11_ABI=1 -DUSE_C10D_GLOO -isystem /usr/include/torch/csrc/api/include -I$root/include"
-median_of() { printf '%s\n' "$@" | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+median_of() { sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }  # of the numbers on stdin
 # Interleaved: round r compiles every TU once, so a slow phase of the machine
 # touches all of them alike.
 tus=${TUS:-torch_h loom_hpp loom_minimal raw_user make_fabric make_fabric_narrow static_ddp}
-[ -n "${BASELINE:-}" ] && tus="$tus base_loom_hpp base_loom_minimal"
+if [ -n "${BASELINE:-}" ]; then tus="$tus base_loom_hpp base_loom_minimal"; fi
 i=0
 while [ "$i" -lt "$repeats" ]; do
   for tu in $tus; do
@@ -54,8 +54,8 @@ while [ "$i" -lt "$repeats" ]; do
   i=$((i + 1))
 done
 for tu in $tus; do
-  cpu=$(median_of $(cut -d' ' -f1 "$work/$tu.times"))
-  wall=$(median_of $(cut -d' ' -f2 "$work/$tu.times"))
+  cpu=$(cut -d' ' -f1 "$work/$tu.times" | median_of)
+  wall=$(cut -d' ' -f2 "$work/$tu.times" | median_of)
   printf '%-19s median %.1f s CPU, %.1f s wall over %d runs (CPU: %s)\n' "$tu" "$cpu" "$wall" "$repeats" \
     "$(cut -d' ' -f1 "$work/$tu.times" | tr '\n' ' ')"
   eval "median_$tu=$cpu"

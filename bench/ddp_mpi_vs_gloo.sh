@@ -13,7 +13,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1
 per=$((steps / rounds))
-for round in $(seq 1 "$rounds"); do
+for _ in $(seq 1 "$rounds"); do
   mpirun --allow-run-as-root --oversubscribe -n 2 "$build/bench/ddp_step_bench" "$per" 2>/dev/null |
     grep '^step_ms=' | head -n "$per" >> "$work/gloo"
   mpirun --allow-run-as-root --oversubscribe -n 2 -x LOOM_BENCH_BACKEND=mpi "$build/bench/ddp_step_bench" "$per" 2>/dev/null |

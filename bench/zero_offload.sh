@@ -14,7 +14,6 @@
 set -eu
 build=$(realpath "${1:-build}")
 rounds=${3:-5}
-here=$(dirname "$(realpath "$0")")
 work=$(mktemp -d)
 nvme=${2:-$work/nvme}
 mkdir -p "$nvme"
@@ -24,7 +23,7 @@ export OMP_NUM_THREADS=1
 mbps() {  # dd's summary line -> MB/s (10^6 bytes)
   awk '/copied/ { for (i = 1; i <= NF; i++) if ($i ~ /^[0-9.]+$/ && $(i+1) ~ /s,$/) t = $i; b = $1; printf "%.1f\n", b / t / 1e6 }'
 }
-for round in $(seq 1 "$rounds"); do
+for _ in $(seq 1 "$rounds"); do
   dd if=/dev/zero of="$nvme/dd" bs=1M count=256 oflag=direct conv=fsync 2>&1 | mbps >> "$work/dd_write"
   dd if="$nvme/dd" of=/dev/null bs=1M iflag=direct 2>&1 | mbps >> "$work/dd_read"
   rm -f "$nvme/dd"

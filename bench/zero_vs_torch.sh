@@ -20,7 +20,7 @@ trap 'rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1
 per=$((steps / rounds))
 
-for round in $(seq 1 "$rounds"); do
+for _ in $(seq 1 "$rounds"); do
   LOOM_BENCH_SET=zero "$build/tools/loom-run" --accelerator cpu --strategy fsdp --devices 2 \
     "$build/bench/fsdp_step_bench" "$per" | grep -v '^config=compute' >> "$work/out.txt"
   port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -30,7 +30,7 @@ for round in $(seq 1 "$rounds"); do
   done
   wait
 done
-cat "$work/torch_0.txt" | grep '^config=' >> "$work/out.txt"
+grep '^config=' "$work/torch_0.txt" >> "$work/out.txt"
 
 median() {  # median CONFIG
   grep "^config=$1 " "$work/out.txt" | grep -o " step_ms=[0-9.]*" | cut -d= -f2 | sort -n |

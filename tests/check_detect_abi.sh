@@ -3,7 +3,7 @@
 # tools/detect-torch-abi.sh reads the C++ ABI of a LibTorch package: from
 # TorchConfig.cmake when it states it, else from libc10.so's symbols; a
 # directory without either is an error naming what is missing.
-set -u
+set -eu
 detect=$1
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

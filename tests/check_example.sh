@@ -9,17 +9,25 @@
 # a value >= 0.85. Then with a data directory that does not exist: it must
 # fail and name the file and the Debian package. Under LOOM_RUN, a flag of the
 # example that contradicts loom-run's must be refused, naming both.
-set -u
+set -eu
 example=$(realpath "$1")
 launcher=""
 strategy=${3:-ddp}
-if [ $# -ge 2 ]; then launcher="$(realpath "$2") --accelerator cpu --strategy $strategy --devices 2"; fi
+if [ $# -ge 2 ]; then launcher=$(realpath "$2"); fi
+# run_example ARGS...: the example, under loom-run when one was given.
+run_example() {
+  if [ -n "$launcher" ]; then
+    "$launcher" --accelerator cpu --strategy "$strategy" --devices 2 "$example" "$@"
+  else
+    "$example" "$@"
+  fi
+}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work" || exit 1
 
-$launcher "$example" > out.txt 2>&1
-status=$?
+status=0
+run_example > out.txt 2>&1 || status=$?
 last=$(tail -n 1 out.txt)
 echo "exit status $status, last line: $last"
 [ "$status" -eq 0 ] || { cat out.txt; exit 1; }
@@ -50,15 +58,17 @@ if [ -n "${PL_DEEPSPEED_CONFIG_PATH:-}" ]; then
   echo "read the DeepSpeed config $PL_DEEPSPEED_CONFIG_PATH"
 fi
 
-$launcher "$example" --data "$work/missing" > missing.txt 2>&1 && { echo "missing data did not fail"; exit 1; }
-grep -q "missing/train-images-idx3-ubyte.gz" missing.txt && grep -q "dataset-fashion-mnist" missing.txt || {
-  echo "the missing-data error does not name the file and the package:"; cat missing.txt; exit 1; }
+run_example --data "$work/missing" > missing.txt 2>&1 && { echo "missing data did not fail"; exit 1; }
+if ! grep -q "missing/train-images-idx3-ubyte.gz" missing.txt || ! grep -q "dataset-fashion-mnist" missing.txt; then
+  echo "the missing-data error does not name the file and the package:"; cat missing.txt; exit 1
+fi
 
 # Under loom-run its flags decide; the example's own flag that differs is an
 # error naming both, before any training (Lightning's rule, through make_fabric).
 if [ -n "$launcher" ]; then
-  $launcher "$example" --strategy single_device > conflict.txt 2>&1 && { echo "a conflicting --strategy was accepted"; exit 1; }
-  grep -q "strategy=single_device" conflict.txt && grep -q -- "--strategy=$strategy" conflict.txt || {
-    echo "the conflict error does not name both values:"; cat conflict.txt; exit 1; }
+  run_example --strategy single_device > conflict.txt 2>&1 && { echo "a conflicting --strategy was accepted"; exit 1; }
+  if ! grep -q "strategy=single_device" conflict.txt || ! grep -q -- "--strategy=$strategy" conflict.txt; then
+    echo "the conflict error does not name both values:"; cat conflict.txt; exit 1
+  fi
 fi
 echo "ok"

@@ -8,21 +8,29 @@
 # every value in every column of the CSV must be in the TensorBoard file at its step
 # (read by tests/read_tensorboard.py, an independent Python reader); and
 # loom-plot must turn the CSV into a valid SVG with the curves.
-set -u
+set -eu
 example=$(realpath "$1")
 plot=$(realpath "$2")
 source_dir=$(realpath "$3")
 launcher=""
 strategy=${5:-ddp}
-if [ $# -ge 4 ]; then launcher="$(realpath "$4") --accelerator cpu --strategy $strategy --devices 2"; fi
+if [ $# -ge 4 ]; then launcher=$(realpath "$4"); fi
+# run_example: the example, under loom-run when one was given.
+run_example() {
+  if [ -n "$launcher" ]; then
+    "$launcher" --accelerator cpu --strategy "$strategy" --devices 2 "$example"
+  else
+    "$example"
+  fi
+}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work" || exit 1
 fail() { echo "FAIL: $*"; exit 1; }
 
 start=$(date +%s)
-$launcher "$example" > out.txt 2>&1
-status=$?
+status=0
+run_example > out.txt 2>&1 || status=$?
 seconds=$(( $(date +%s) - start ))
 last=$(tail -n 1 out.txt)
 echo "exit status $status after ${seconds} s, last line: $last"

@@ -4,11 +4,11 @@
 # for every "case_name: sentence" line of EXPECTATIONS, that sentence in a
 # static assertion (or, for a [[nodiscard]] result dropped, in the error that
 # -Werror=unused-result makes of it). Prints the case whose sentence is missing.
-set -u
+set -eu
 expect=$1
 shift 2
-output=$("$@" 2>&1)
-status=$?
+status=0
+output=$("$@" 2>&1) || status=$?
 if [ "$status" -eq 0 ]; then
   echo "compile-fail: the cases compiled, but every one of them must fail" >&2
   exit 1

@@ -2,6 +2,8 @@
 # sets work (a temporary folder, removed on exit), prefix (where loom's files
 # now are), libdir, and check_no_tree DEPFILE (fails when a dependency file
 # names a path of loom's source or build tree).
+# shellcheck shell=sh
+set -eu
 build=$(cd "$1" && pwd)
 source=$(cd "$2" && pwd)
 work=$(mktemp -d)

@@ -7,7 +7,6 @@ set -eu
 pcdir=$(dirname "$(find "$work/root" -name loom.pc | head -n 1)")
 flags=$(PKG_CONFIG_PATH="$pcdir" pkg-config --define-variable=prefix="$prefix" --cflags --libs loom)
 echo "pkg-config --cflags --libs loom: $flags"
-# shellcheck disable=SC2086
 g++ "$work/consumer.cpp" -o "$work/consumer" -MD -MF "$work/consumer.d" $flags
 check_no_tree "$work/consumer.d"
 run_consumer "$work/consumer"

@@ -2,6 +2,8 @@
 # Faults: a rank killed inside an all_reduce (survivors raise within 5 s,
 # naming it), a rank that stops taking part (timeout), and the TCPStore
 # rendezvous errors (port in use, nothing to reach). TRIALS kill trials.
+set -eu
+# shellcheck source=tests/dist/common.sh
 . "$(dirname "$0")/common.sh"
 TRIALS=${3:-3}
 
@@ -15,7 +17,7 @@ while [ $trial -le "$TRIALS" ]; do
   wait
   rm -rf "$dir"
   for rank in 0 2; do
-    line=$(grep "caught after" "$WORK/kill$trial.$rank")
+    line=$(grep "caught after" "$WORK/kill$trial.$rank" || true)
     seconds=$(echo "$line" | sed -n 's/.*caught after \([0-9.]*\) s.*/\1/p')
     if [ -n "$seconds" ] && awk -v s="$seconds" 'BEGIN { exit !(s < 5) }' && echo "$line" | grep -q "rank 1 (pid"; then
       pass "trial $trial: rank $rank raised after ${seconds} s naming rank 1"
@@ -29,11 +31,14 @@ done
 # fabric.launch() started 3 ranks itself and one is killed: rank 0 ends the
 # others and exits with the dead rank's status, naming it.
 start=$(date +%s%N)
-timeout 60 "$WORKER" launch_kill 3 "$MARK" > "$WORK/launch_kill" 2>&1
-status=$?
+status=0
+timeout 60 "$WORKER" launch_kill 3 "$MARK" > "$WORK/launch_kill" 2>&1 || status=$?
 took=$(elapsed_ms "$start")
-[ $status -eq 137 ] && pass "launch(): the job exits with the killed rank's status (137) in $took ms" ||
+if [ $status -eq 137 ]; then
+  pass "launch(): the job exits with the killed rank's status (137) in $took ms"
+else
   fail "launch(): exit status $status after $took ms: $(cat "$WORK/launch_kill")"
+fi
 expect_contains "$WORK/launch_kill" "loom: local rank 2" "launch(): the dead rank is named"
 expect_no_leftovers "after a rank of launch() died"
 
@@ -44,7 +49,7 @@ for rank in 0 1; do
     timeout 60 "$WORKER" hang 0 "$MARK" > "$WORK/hang.$rank" 2>&1 &
 done
 sleep 6
-pkill -f "hang 0 $MARK"
+pkill -f "hang 0 $MARK" || true
 wait
 rm -rf "$dir"
 expect_contains "$WORK/hang.0" "no answer within the timeout of 2000 ms" "a silent rank becomes a timeout error"
@@ -55,18 +60,18 @@ port=$(free_port)
 holder=$!
 sleep 0.5
 LOOM_TEST_TIMEOUT_MS=3000 LOCAL_RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-  timeout 30 "$WORKER" rendezvous 0 "$MARK" > "$WORK/inuse" 2>&1
+  timeout 30 "$WORKER" rendezvous 0 "$MARK" > "$WORK/inuse" 2>&1 && fail "rendezvous on a port in use exited 0"
 expect_contains "$WORK/inuse" "cannot host the rendezvous store on port $port: the port is already in use" "port in use"
-kill "$holder" 2>/dev/null
+kill "$holder" 2>/dev/null || true
 
 # TCPStore path: nothing answers at the main address; the error comes within the timeout.
 port=$(free_port)
 start=$(date +%s%N)
 LOOM_TEST_TIMEOUT_MS=3000 LOCAL_RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-  timeout 30 "$WORKER" rendezvous 0 "$MARK" > "$WORK/unreachable" 2>&1
+  timeout 30 "$WORKER" rendezvous 0 "$MARK" > "$WORK/unreachable" 2>&1 && fail "rendezvous with nothing to reach exited 0"
 took=$(elapsed_ms "$start")
 expect_contains "$WORK/unreachable" "cannot reach the rendezvous store at 127.0.0.1:$port within 3000 ms" "main address unreachable"
-[ "$took" -lt 8000 ] && pass "the unreachable error came in $took ms (timeout 3000 ms)" || fail "it took $took ms"
+if [ "$took" -lt 8000 ]; then pass "the unreachable error came in $took ms (timeout 3000 ms)"; else fail "it took $took ms"; fi
 wait
 expect_no_leftovers "faults"
-exit $failed
+finish

@@ -4,6 +4,8 @@
 # ranks on loopback; FULL_SHARD with prefetch off, with auto_wrap_policy and
 # with the optimizer built after setup; accumulation under no_backward_sync
 # without reduce-scatters; a tied embedding; full checkpoints.
+set -eu
+# shellcheck source=tests/dist/common.sh
 . "$(dirname "$0")/common.sh"
 FSDP_WORKER=$(realpath "$3")
 export LOOM_TEST_DIR="$WORK"
@@ -27,18 +29,26 @@ expect_contains "$WORK/consolidate" "loom-consolidate: wrote" "loom-run consolid
 expect_contains "$WORK/compare" "entries equal" "consolidate equals the full save tensor for tensor (Python's torch.load)"
 
 # Damaged copies are refused, naming the file, with nothing changed.
-damage() {  # damage NAME HOW EXPECTED
-  rm -rf "$WORK/damaged_$1" && cp -r "$WORK/sharded_2" "$WORK/damaged_$1" && eval "$2"
-  "$FSDP_WORKER" load_damaged "$WORK/damaged_$1" "$3" "$MARK" > "$WORK/damaged_$1.txt" 2>&1 ||
+# damage NAME EXPECTED: a copy of the 2-rank save, damaged as NAME says.
+damage() {
+  copy="$WORK/damaged_$1"
+  rm -rf "$copy"
+  cp -r "$WORK/sharded_2" "$copy"
+  case $1 in
+    missing) rm "$copy/shard_1_of_2.pt" ;;
+    truncated) truncate -s -100 "$copy/shard_0_of_2.pt" ;;
+    flipped) printf "\377" | dd of="$copy/shard_1_of_2.pt" bs=1 seek=2000 conv=notrunc 2>/dev/null ;;
+    torn) rm "$copy/meta.pt" ;;
+  esac
+  "$FSDP_WORKER" load_damaged "$WORK/damaged_$1" "$2" "$MARK" > "$WORK/damaged_$1.txt" 2>&1 ||
     { fail "damaged ($1)"; cat "$WORK/damaged_$1.txt"; }
 }
-damage missing 'rm "$WORK/damaged_missing/shard_1_of_2.pt"' "is missing shard_1_of_2.pt"
-damage truncated 'truncate -s -100 "$WORK/damaged_truncated/shard_0_of_2.pt"' "shard_0_of_2.pt: has"
-damage flipped 'printf "\377" | dd of="$WORK/damaged_flipped/shard_1_of_2.pt" bs=1 seek=2000 conv=notrunc 2>/dev/null' \
-  "shard_1_of_2.pt: does not match the CRC32"
-damage torn 'rm "$WORK/damaged_torn/meta.pt"' "without meta.pt"
+damage missing "is missing shard_1_of_2.pt"
+damage truncated "shard_0_of_2.pt: has"
+damage flipped "shard_1_of_2.pt: does not match the CRC32"
+damage torn "without meta.pt"
 cat "$WORK"/damaged_*.txt | sed "s/^/  /"
-[ "$failed" -eq 0 ] && pass "damaged sharded checkpoints (rank file missing, truncated, corrupted; meta.pt missing) are refused naming the file, nothing changed"
+if [ "$failed" -eq 0 ]; then pass "damaged sharded checkpoints (rank file missing, truncated, corrupted; meta.pt missing) are refused naming the file, nothing changed"; fi
 
 # kill -9 of a rank while it saves sharded checkpoints in a loop: what the
 # path holds afterwards is a complete checkpoint (the old or the new one).
@@ -61,4 +71,4 @@ expect_contains "$WORK/hybrid_0" "fsdp laws (hybrid): world_size=4 all checks pa
   "HYBRID_SHARD on 2 nodes x 2 ranks (loom-run --num-nodes 2)"
 sed -n 's/^law/  law/p' "$WORK/hybrid_0"
 expect_no_leftovers "fsdp"
-exit $failed
+finish

@@ -5,6 +5,8 @@
 # ss for the whole life of the job. As a control, the same check must flag a
 # job that rendezvouses through TCPStore (two simulated nodes), which in
 # LibTorch 1.13 listens on every interface.
+set -eu
+# shellcheck source=tests/dist/common.sh
 . "$(dirname "$0")/common.sh"
 
 # watch_job OUTPUT: samples the sockets of processes carrying $MARK until none is left.
@@ -12,8 +14,8 @@ watch_job() {
   : > "$1"
   samples=0
   while pgrep -f "$MARK" > "$WORK/pids" 2>/dev/null; do
-    ss -tanpH > "$WORK/ss" 2>/dev/null
-    while read -r pid; do grep "pid=$pid," "$WORK/ss"; done < "$WORK/pids" >> "$1"
+    ss -tanpH > "$WORK/ss" 2>/dev/null || true
+    while read -r pid; do grep "pid=$pid," "$WORK/ss" || true; done < "$WORK/pids" >> "$1"
     samples=$((samples + 1))
     sleep 0.05
   done
@@ -33,10 +35,16 @@ watch_job "$WORK/sockets"
 wait $! || fail "the single-node job exited $?: $(cat "$WORK/job")"
 seen=$(wc -l < "$WORK/sockets")
 bad=$(not_loopback "$WORK/sockets")
-[ "$seen" -gt 0 ] && pass "$seen socket observations over $(cat "$WORK/sockets.samples") samples of the single-node job" ||
+if [ "$seen" -gt 0 ]; then
+  pass "$seen socket observations over $(cat "$WORK/sockets.samples") samples of the single-node job"
+else
   fail "no socket of the job was seen"
-[ -z "$bad" ] && pass "single node: every socket on loopback, nothing listens elsewhere" ||
+fi
+if [ -z "$bad" ]; then
+  pass "single node: every socket on loopback, nothing listens elsewhere"
+else
   fail "single node: sockets off loopback: $bad"
+fi
 
 # Control: the TCPStore path is seen listening on every interface.
 port=$(free_port)
@@ -46,6 +54,9 @@ for node in 0 1; do
 done
 watch_job "$WORK/tcp_sockets"
 wait
-not_loopback "$WORK/tcp_sockets" | grep -q "LISTEN" && pass "control: the TCPStore rendezvous is seen listening off loopback" ||
+if not_loopback "$WORK/tcp_sockets" | grep -q "LISTEN"; then
+  pass "control: the TCPStore rendezvous is seen listening off loopback"
+else
   fail "control: the check did not see TCPStore's listener ($(wc -l < "$WORK/tcp_sockets") observations)"
-exit $failed
+fi
+finish

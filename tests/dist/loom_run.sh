@@ -1,6 +1,8 @@
 #!/bin/sh
 # loom-run itself: what it starts, what it exports, how it refuses bad flags,
 # and how a job ends when one rank is killed.
+set -eu
+# shellcheck source=tests/dist/common.sh
 . "$(dirname "$0")/common.sh"
 
 # --devices 2 runs the command twice, with LOCAL_RANK 0 and 1, and the variables.
@@ -10,8 +12,12 @@
 for rank in 0 1; do
   expect_contains "$WORK/run" "rank=$rank world=2 node=0 cli=1 acc=cpu strategy=parallel devices=2 nodes=1 precision=bf16-mixed addr=127.0.0.1 port=29400 omp=set" "rank $rank started with the exported variables"
 done
-[ "$(grep -c '^700$' "$WORK/run")" -eq 2 ] && pass "the rendezvous directory is private (0700)" || fail "rendezvous directory mode: $(cat "$WORK/run")"
-[ "$(grep -c '^rank=' "$WORK/run")" -eq 2 ] && pass "exactly two processes" || fail "process count"
+if [ "$(grep -c '^700$' "$WORK/run")" -eq 2 ]; then
+  pass "the rendezvous directory is private (0700)"
+else
+  fail "rendezvous directory mode: $(cat "$WORK/run")"
+fi
+if [ "$(grep -c '^rank=' "$WORK/run")" -eq 2 ]; then pass "exactly two processes"; else fail "process count"; fi
 
 # Everything after the program is the program's, even what looks like a loom-run flag.
 "$LOOM_RUN" --devices 1 sh -c 'echo "args: $*"' zero --devices 7 --strategy x > "$WORK/args" 2>&1
@@ -19,12 +25,12 @@ expect_contains "$WORK/args" "args: --devices 7 --strategy x" "the program's arg
 
 # Bad values are refused before anything starts, with what is accepted.
 "$LOOM_RUN" --strategy no_such_strategy --devices 1 touch "$WORK/started" > "$WORK/bad" 2>&1 && fail "unknown strategy accepted"
-[ ! -e "$WORK/started" ] && pass "nothing started for an unknown strategy" || fail "the program started"
+if [ ! -e "$WORK/started" ]; then pass "nothing started for an unknown strategy"; else fail "the program started"; fi
 expect_contains "$WORK/bad" "Available: single_device, parallel" "the error lists the available strategies"
 expect_contains "$WORK/bad" "ddp" "the available strategies include ddp"
 # Combinations go through the connector (the one make_fabric uses) before anything starts.
 "$LOOM_RUN" --strategy single_device --devices 2 touch "$WORK/started" > "$WORK/combo" 2>&1 && fail "single_device x2 accepted"
-[ ! -e "$WORK/started" ] && pass "nothing started for single_device on 2 devices" || fail "the program started"
+if [ ! -e "$WORK/started" ]; then pass "nothing started for single_device on 2 devices"; else fail "the program started"; fi
 expect_contains "$WORK/combo" "runs one process on one device" "the connector's sentence is shown"
 "$LOOM_RUN" --precision 16-true true > "$WORK/half" 2>&1 && fail "16-true on cpu accepted"
 expect_contains "$WORK/half" "no fp16 matmul" "16-true on cpu is refused with the reason"
@@ -47,12 +53,12 @@ pass "--help lists every flag in both spellings"
 
 # kill -9 of one rank ends the job, non-zero, within 15 s, with nothing left.
 start=$(date +%s%N)
+status=0
 timeout 60 "$LOOM_RUN" --devices 2 sh -c 'if [ "$LOCAL_RANK" = 1 ]; then sleep 0.5; kill -9 $$; fi; sleep 60' "$MARK" \
-  > "$WORK/kill" 2>&1
-status=$?
+  > "$WORK/kill" 2>&1 || status=$?
 took=$(elapsed_ms "$start")
-[ $status -ne 0 ] && [ $status -ne 124 ] && pass "job ended non-zero ($status) after a kill -9" || fail "exit status $status"
-[ "$took" -lt 15000 ] && pass "it ended within 15 s ($took ms)" || fail "it took $took ms"
+if [ $status -ne 0 ] && [ $status -ne 124 ]; then pass "job ended non-zero ($status) after a kill -9"; else fail "exit status $status"; fi
+if [ "$took" -lt 15000 ]; then pass "it ended within 15 s ($took ms)"; else fail "it took $took ms"; fi
 expect_contains "$WORK/kill" "local rank 1" "the failing rank is named"
 expect_contains "$WORK/kill" "killed by signal 9" "its signal is named"
 expect_no_leftovers "after kill -9"
@@ -62,8 +68,8 @@ expect_no_leftovers "after kill -9"
 launcher=$!
 sleep 0.5
 kill -TERM $launcher
-wait $launcher
+wait $launcher || true
 expect_contains "$WORK/term" "got-term-0" "SIGTERM reached rank 0"
 expect_contains "$WORK/term" "got-term-1" "SIGTERM reached rank 1"
 expect_no_leftovers "after SIGTERM"
-exit $failed
+finish

@@ -5,13 +5,17 @@
 # same values; on one process and on 2 DDP ranks. Under DDP with
 # grad_accum_steps = 4, each optimizer step issues one gradient collective
 # per bucket (counted).
+set -eu
+# shellcheck source=tests/dist/common.sh
 . "$(dirname "$0")/common.sh"
 TRAINER_WORKER=$(realpath "$3")
 
 # fit NAME MAX_STEPS [ARGS...]: one run of the worker, bounded in time.
 fit() {
   name=$1; steps=$2; shift 2
-  timeout 120 $LAUNCH "$TRAINER_WORKER" fit "$WORK/$name" "$steps" "$@" "$MARK" > "$WORK/$name.log" 2>&1 ||
+  set -- "$TRAINER_WORKER" fit "$WORK/$name" "$steps" "$@" "$MARK"
+  if [ "$LAUNCH" = ddp ]; then set -- "$LOOM_RUN" --strategy ddp --devices 2 "$@"; fi
+  timeout 120 "$@" > "$WORK/$name.log" 2>&1 ||
     { fail "$name: fit exited $?"; sed 's/^/    /' "$WORK/$name.log" | tail -n 20; }
 }
 
@@ -37,7 +41,8 @@ resume_law() {
   expect_contains "$WORK/$label-split.log" "steps=13 checkpoint=$WORK/$label-split/ckpt/epoch=" "$label: the first part stops at step 13 and checkpoints"
   fit "$label-split" 30 --resume last
   expect_contains "$WORK/$label-split.log" "steps=30" "$label: the resumed part continues to step 30"
-  "$TRAINER_WORKER" compare "$WORK/$label-straight/final.ckpt" "$WORK/$label-split/final.ckpt" > "$WORK/$label-compare" 2>&1
+  "$TRAINER_WORKER" compare "$WORK/$label-straight/final.ckpt" "$WORK/$label-split/final.ckpt" > "$WORK/$label-compare" 2>&1 ||
+    fail "$label: compare exited $?"
   expect_contains "$WORK/$label-compare" "bit-identical" "$label: resumed weights equal the straight run's"
   sed 's/^/    /' "$WORK/$label-compare"
   losses "$WORK/$label-straight/logs/csv/version_0/metrics.csv" > "$WORK/$label-a"
@@ -49,30 +54,37 @@ resume_law() {
   fi
 }
 
-LAUNCH=""
+# LAUNCH: how fit starts the worker: one process, or 2 DDP ranks under loom-run.
+LAUNCH=single
 resume_law single
-LAUNCH="$LOOM_RUN --strategy ddp --devices 2"
+LAUNCH=ddp
 resume_law ddp
 
 fit accum 12 --accum 4 --count-syncs
 expect_contains "$WORK/accum.log" "steps=12" "DDP with grad_accum_steps=4 takes 12 optimizer steps"
-line=$(grep '^syncs per optimizer step' "$WORK/accum.log")
+line=$(grep '^syncs per optimizer step' "$WORK/accum.log" || true)
 echo "    $line"
 # The same count per optimizer step as without accumulation: the three
 # micro-batches under no_backward_sync add no collective.
 fit noaccum 12 --count-syncs
-single=$(grep '^syncs per optimizer step' "$WORK/noaccum.log")
+single=$(grep '^syncs per optimizer step' "$WORK/noaccum.log" || true)
 echo "    $single"
-[ "${line%%|*}" = "${single%%|*}" ] && pass "4 micro-batches per step issue the collectives of 1" ||
+if [ "${line%%|*}" = "${single%%|*}" ]; then
+  pass "4 micro-batches per step issue the collectives of 1"
+else
   fail "accumulation changed the collectives per step: '$line' vs '$single'"
+fi
 buckets=$(echo "$line" | sed -n 's/.*buckets=\([0-9]*\).*/\1/p')
 # Step 1 teaches the reducer the gradient order and step 2 broadcasts the
 # rebuilt bucket order once; from step 3 on only gradient reductions run.
 rest=$(echo "$line" | sed 's/syncs per optimizer step: //; s/ |.*//' | cut -d' ' -f3-)
 ok=1
 for n in $rest; do [ "$n" = "$buckets" ] || ok=0; done
-[ -n "$buckets" ] && [ "$ok" = 1 ] && pass "one gradient collective per bucket per optimizer step ($buckets bucket(s), 4 micro-batches)" ||
+if [ -n "$buckets" ] && [ "$ok" = 1 ]; then
+  pass "one gradient collective per bucket per optimizer step ($buckets bucket(s), 4 micro-batches)"
+else
   fail "collectives per step: $line"
+fi
 
 expect_no_leftovers "trainer"
-exit $failed
+finish

@@ -4,6 +4,8 @@
 # gradient_clipping from a JSON config (a path, and PL_DEEPSPEED_CONFIG_PATH),
 # stages 1 and 2 against loom's DDP (bit-identical on 2 ranks); checkpoints
 # in DeepSpeed's layout: the identity, resharding, consolidate, damage.
+set -eu
+# shellcheck source=tests/dist/common.sh
 . "$(dirname "$0")/common.sh"
 ZERO_WORKER=$(realpath "$3")
 export LOOM_TEST_DIR="$WORK"
@@ -45,11 +47,11 @@ damage flipped "printf '\\377' | dd of=\"\$WORK/damaged_flipped/$c/zero_pp_rank_
 damage torn "rm \"\$WORK/damaged_torn/$c/zero_pp_rank_0_mp_rank_00_model_states.pt\"" "has neither"
 damage no_latest "rm \"\$WORK/damaged_no_latest/latest\"" "or latest (a ZeRO checkpoint"
 cat "$WORK"/damaged_*.txt | sed "s/^/  /"
-[ "$failed" -eq 0 ] && pass "damaged ZeRO checkpoints (a file missing, truncated, corrupted; the index or latest missing) are refused naming the file, nothing changed"
+if [ "$failed" -eq 0 ]; then pass "damaged ZeRO checkpoints (a file missing, truncated, corrupted; the index or latest missing) are refused naming the file, nothing changed"; fi
 
 # kill -9 of a rank while stage 3 saves in a loop: what the path holds
 # afterwards is a complete checkpoint (the old or the new one).
 kill_during_saves deepspeed "$ZERO_WORKER" "$WORK/killed/latest" "$WORK/killed/checkpoint.tmp-*" "ZeRO saves"
 
 expect_no_leftovers "zero"
-exit $failed
+finish
