@@ -13,15 +13,19 @@
 #include <loom/runtime/fabric_model.hpp>
 #include <loom/runtime/make_fabric_with_strategy.hpp>
 #include <loom/runtime/registry.hpp>
+#include <loom/strategy/fsdp_options.hpp>
 
 #include <ATen/autocast_mode.h>
 #include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 
 #include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <thread>
+#include <typeindex>
 
 using models::bare_precision;
 using models::bare_strategy;
@@ -266,6 +270,15 @@ TEST_CASE("make_fabric passes a strategy's options (JSON text or file) and refus
   // The watchdog's collective_timeout, in seconds as timeout.
   auto watched = loom::make_fabric({.strategy = "ddp", .strategy_options = R"({"collective_timeout": 2.5})"});
   CHECK(watched.target<ddp_fabric>()->strategy().options().collective_timeout == std::chrono::milliseconds(2500));
+  // 0 turns the watchdog off (docs/configuration.md); it was refused as "expected a number > 0".
+  auto unwatched = loom::make_fabric({.strategy = "ddp", .strategy_options = R"({"collective_timeout": 0})"});
+  CHECK(unwatched.target<ddp_fabric>()->strategy().options().collective_timeout == std::chrono::milliseconds(0));
+  CHECK_THROWS_WITH(loom::make_fabric({.strategy = "ddp", .strategy_options = R"({"collective_timeout": -1})"}),
+                    Catch::Contains("option 'collective_timeout' = -1 is not accepted: expected a number of seconds "
+                                    ">= 0 (0: the watchdog off)"));
+  // The rendezvous timeout has no off: 0 stays refused.
+  CHECK_THROWS_WITH(loom::make_fabric({.strategy = "ddp", .strategy_options = R"({"timeout": 0})"}),
+                    Catch::Contains("option 'timeout' = 0 is not accepted: expected a number of seconds > 0"));
   CHECK_THROWS_WITH(loom::make_fabric({.strategy = "ddp", .strategy_options = R"({"bucket_cap_mb": "big"})"}),
                     Catch::Contains("option 'bucket_cap_mb' = \"big\" is not accepted: expected a number > 0"));
   CHECK_THROWS_WITH(loom::make_fabric({.strategy = "ddp", .strategy_options = R"({"bucket_cap_mb": -1})"}),
@@ -284,6 +297,16 @@ TEST_CASE("make_fabric passes a strategy's options (JSON text or file) and refus
                     Catch::Contains("neither a JSON object ('{...}') nor a readable file: '/nonexistent/ddp.json'"));
   CHECK_THROWS_WITH(loom::make_fabric({.strategy = "ddp", .strategy_options = "[1, 2]"}),
                     Catch::Contains("neither a JSON object"));
+}
+
+TEST_CASE("auto_wrap_policy::types takes a module's holder as Lightning's {nn.Linear}, or its class", "[contract]") {
+  // types<torch::nn::Linear>() recorded the holder's type, which no module
+  // found at setup has, so it wrapped nothing, silently.
+  const auto by_holder = loom::auto_wrap_policy::types<torch::nn::Linear, torch::nn::Conv2d>();
+  const auto by_class = loom::auto_wrap_policy::types<torch::nn::LinearImpl, torch::nn::Conv2dImpl>();
+  CHECK((by_holder.module_types == by_class.module_types));
+  CHECK(by_holder.module_types.count(std::type_index(typeid(torch::nn::LinearImpl))) == 1);
+  CHECK(by_holder.module_types.count(std::type_index(typeid(torch::nn::Linear))) == 0);
 }
 
 TEST_CASE("LOOM_COLLECTIVE_TIMEOUT: seconds through the one parser, a bad value refused naming it", "[contract]") {

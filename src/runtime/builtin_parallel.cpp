@@ -5,19 +5,14 @@
 namespace loom::runtime::builtin {
 
 namespace {
-void read_seconds(option_reader& reader, const char* name, std::chrono::milliseconds& value) {
-  double seconds = std::chrono::duration<double>(value).count();
-  reader.read(name, seconds, 0.0, 1e9);
-  value = std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
-}
 
 // The options every parallel strategy takes: timeout (seconds, as Lightning's
 // timedelta), the watchdog's collective_timeout (seconds, 0: off) and
 // process_group_backend.
 void read_common(option_reader& reader, std::chrono::milliseconds& timeout, comm::backend& backend,
                  std::chrono::milliseconds& collective_timeout) {
-  read_seconds(reader, "timeout", timeout);
-  read_seconds(reader, "collective_timeout", collective_timeout);
+  reader.read_seconds("timeout", timeout);
+  reader.read_seconds("collective_timeout", collective_timeout, "the watchdog off");
   std::string backend_name = backend == comm::backend::nccl ? "nccl" : backend == comm::backend::mpi ? "mpi" : "gloo";
   reader.read("process_group_backend", backend_name, {"gloo", "nccl", "mpi"});
   backend = backend_name == "nccl"  ? comm::backend::nccl

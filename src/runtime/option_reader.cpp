@@ -82,6 +82,23 @@ void option_reader::read(std::string_view key, double& value, double greater_tha
   value = found->get<double>();
 }
 
+void option_reader::read_seconds(std::string_view key, std::chrono::milliseconds& value, std::string_view zero_means) {
+  asked_.emplace_back(key);
+  auto found = parsed_->object.find(std::string(key));
+  if (found == parsed_->object.end()) return;
+  constexpr double most = 1e9;
+  const bool zero_allowed = !zero_means.empty();
+  const bool in_range = found->is_number() && found->get<double>() <= most &&
+                        (found->get<double>() > 0 || (zero_allowed && found->get<double>() == 0));
+  if (!in_range) {
+    throw configuration_error("strategy '" + strategy_ + "': option '" + std::string(key) + "' = " + shown(*found) +
+                              " is not accepted: expected a number of seconds " +
+                              (zero_allowed ? ">= 0 (0: " + std::string(zero_means) + ")" : std::string("> 0")) +
+                              " and <= " + number_text(most));
+  }
+  value = std::chrono::milliseconds(std::llround(found->get<double>() * 1000.0));
+}
+
 void option_reader::read(std::string_view key, std::int64_t& value, std::int64_t at_least, std::int64_t at_most) {
   asked_.emplace_back(key);
   auto found = parsed_->object.find(std::string(key));

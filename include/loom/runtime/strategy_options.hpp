@@ -5,6 +5,7 @@
 // JSON library stays in src/: this header needs none.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -27,6 +28,9 @@ class option_reader {
   // type or out of range is an error that says what is accepted.
   void read(std::string_view key, bool& value);
   void read(std::string_view key, double& value, double greater_than, double at_most);
+  // A duration in seconds (as Lightning's timedelta options), up to 10^9 s:
+  // > 0, or >= 0 when zero_means says what 0 does ("the watchdog off").
+  void read_seconds(std::string_view key, std::chrono::milliseconds& value, std::string_view zero_means = {});
   void read(std::string_view key, std::int64_t& value, std::int64_t at_least, std::int64_t at_most);
   void read(std::string_view key, std::string& value, std::initializer_list<std::string_view> accepted);
   // A list of strings (["Linear", "torch::nn::Conv2dImpl"]).

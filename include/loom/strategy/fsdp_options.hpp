@@ -5,6 +5,7 @@
 
 #include <loom/comm/capabilities.hpp>
 #include <loom/launch/launcher_kind.hpp>
+#include <loom/util/held_module.hpp>
 
 #include <c10/core/ScalarType.h>
 
@@ -15,6 +16,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <typeindex>
 #include <utility>
 
@@ -55,9 +57,15 @@ struct auto_wrap_policy {
   std::int64_t min_num_params = 0;  // 0: off
   std::function<bool(const torch::nn::Module&, std::string_view name, std::int64_t unwrapped_params)> predicate;
 
+  // types<torch::nn::Linear>() (what a Lightning user writes for {nn.Linear})
+  // and types<torch::nn::LinearImpl>() name the same modules: a holder
+  // stands for the module it holds, which is what setup finds.
   template <class... Modules>
   static auto_wrap_policy types() {
-    return auto_wrap_policy{.module_types = {std::type_index(typeid(Modules))...}};
+    static_assert((std::is_base_of_v<torch::nn::Module, held_module_t<Modules>> && ...),
+                  "auto_wrap_policy::types<M...>(): each M must be a module class (torch::nn::LinearImpl) or its "
+                  "holder (torch::nn::Linear)");
+    return auto_wrap_policy{.module_types = {std::type_index(typeid(held_module_t<Modules>))...}};
   }
   static auto_wrap_policy size_based(std::int64_t min_num_params) {
     return auto_wrap_policy{.min_num_params = min_num_params};

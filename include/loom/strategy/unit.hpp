@@ -9,6 +9,7 @@
 #pragma once
 
 #include <loom/util/apply_to_collection.hpp>
+#include <loom/util/held_module.hpp>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
@@ -83,17 +84,6 @@ class unit_marker {
 
 namespace detail {
 
-// What unit<M> wraps: M's module class (M may be the class or its holder).
-template <class M>
-struct unit_target {
-  using type = M;
-};
-template <class M>
-  requires requires { typename M::ContainedType; }
-struct unit_target<M> {
-  using type = typename M::ContainedType;
-};
-
 template <class Impl>
 constexpr bool is_module_impl() {
   static_assert(std::derived_from<Impl, torch::nn::Module>,
@@ -163,8 +153,8 @@ struct unit_impl_select<Impl> {
 }  // namespace detail
 
 template <class M>
-  requires(detail::is_module_impl<typename detail::unit_target<M>::type>())
-using unit_impl = typename detail::unit_impl_select<typename detail::unit_target<M>::type>::type;
+  requires(detail::is_module_impl<held_module_t<M>>())
+using unit_impl = typename detail::unit_impl_select<held_module_t<M>>::type;
 
 // The holder: loom::unit<torch::nn::Linear> fc{784, 1024}; or
 // loom::unit<BlockImpl> block{options}; register it as any module.
