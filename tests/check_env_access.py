@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """check_env_access.py ROOT: one way to read the environment.
 
-- Reads: no getenv / secure_getenv in include/, src/, tools/, examples/ or
-  bench/ outside src/environment.cpp; everything else reads through
+- Reads: no getenv / secure_getenv in include/, src/, tools/, examples/,
+  bench/ or tests/ outside src/environment.cpp; everything else reads through
   cluster::env_lookup and the setting_* parsers of loom/environment.hpp.
 - Writes: no setenv / unsetenv / putenv in include/, src/, tools/ or
   examples/ outside src/environment.cpp (cluster::export_variable, which
@@ -39,10 +39,10 @@ def main():
     root = sys.argv[1]
     problems = []
     named = set()
-    for path in files(root, ("include", "src", "tools", "examples", "bench")):
-        if path == THE_ONE:
+    for path in files(root, ("include", "src", "tools", "examples", "bench", "tests")):
+        if path == THE_ONE or path == "tests/catch.hpp":
             continue
-        library = not path.startswith("bench/")
+        library = not path.startswith(("bench/", "tests/"))
         with open(os.path.join(root, path), encoding="utf-8") as text:
             for number, line in enumerate(text, 1):
                 code = code_of(line)

@@ -4,6 +4,7 @@
 #include "test_models.hpp"
 
 #include "catch.hpp"
+#include <loom/environment.hpp>
 #include <loom/loom.hpp>
 #include <torch/optim/adam.h>
 #include <torch/optim/adagrad.h>
@@ -585,9 +586,9 @@ namespace {
 
 // ---- checkpoints with Python (tests/python_checkpoint.sh runs these halves) ----
 std::string python_dir() {
-  const char* dir = std::getenv("LOOM_PYTHON_DIR");
-  REQUIRE(dir != nullptr);
-  return dir;
+  const auto dir = loom::cluster::setting_text("LOOM_PYTHON_DIR");
+  REQUIRE(dir);
+  return *dir;
 }
 
 std::vector<char> read_all(const std::string& path) {

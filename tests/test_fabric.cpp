@@ -3,6 +3,7 @@
 #include "test_models.hpp"
 
 #include "catch.hpp"
+#include <loom/environment.hpp>
 #include <loom/loom.hpp>
 #include <torch/data/datasets/base.h>
 #include <torch/data/samplers/sequential.h>
@@ -277,7 +278,7 @@ TEST_CASE("seed_everything seeds torch and exports PL_GLOBAL_SEED", "[fabric]") 
   const auto a = at::rand({3});
   fabric.seed_everything(42);
   CHECK(torch::equal(a, at::rand({3})));
-  CHECK(std::string(std::getenv("PL_GLOBAL_SEED")) == "42");
+  CHECK(loom::cluster::setting_text("PL_GLOBAL_SEED") == "42");
   CHECK(fabric.seed_everything() == 42);  // read back from the environment
   CHECK_THROWS_WITH(fabric.seed_everything(loom::max_seed_value + 1), Catch::Contains("must be from 0"));
 }

@@ -1,6 +1,8 @@
 // Small models and data shared by the tests.
 #pragma once
 
+#include <loom/environment.hpp>
+
 #include <ATen/ATen.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/module.h>
@@ -50,8 +52,7 @@ inline synthetic_task make_task(int64_t steps, int64_t batch, int64_t features, 
 }
 
 inline std::string fixtures_dir() {
-  const char* dir = std::getenv("LOOM_FIXTURES_DIR");
-  return dir != nullptr ? dir : "tests-fixtures";
+  return loom::cluster::setting_text("LOOM_FIXTURES_DIR").value_or("tests-fixtures");
 }
 
 // A private directory for one test, removed with everything in it afterwards.

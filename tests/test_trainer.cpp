@@ -7,6 +7,7 @@
 #include "test_models.hpp"
 
 #include "catch.hpp"
+#include <loom/environment.hpp>
 #include <loom/loggers/csv_logger.hpp>
 #include <loom/loggers/tensorboard_logger.hpp>
 #include <loom/loom.hpp>
@@ -399,10 +400,10 @@ TEST_CASE("csv_logger.resume drops the rows logged after the restored step and a
 // The independent reader: tests/read_tensorboard.py (python3-protobuf, its
 // own CRC32C), run on the files this test writes.
 int run_reader(const std::string& arguments) {
-  const char* source = std::getenv("LOOM_SOURCE_DIR");
-  REQUIRE(source != nullptr);
-  const std::string command = "/usr/bin/python3 " + std::string(source) + "/tests/read_tensorboard.py --proto " +
-                              std::string(source) + "/src/loggers/proto " + arguments;
+  const auto source = loom::cluster::setting_text("LOOM_SOURCE_DIR");
+  REQUIRE(source);
+  const std::string command = "/usr/bin/python3 " + *source + "/tests/read_tensorboard.py --proto " + *source +
+                              "/src/loggers/proto " + arguments;
   return std::system(command.c_str());
 }
 

@@ -6,13 +6,8 @@ set -eu
 # shellcheck source=tests/dist/common.sh
 . "$(dirname "$0")/common.sh"
 for n in 2 4; do
-  status=0
-  timeout 120 "$LOOM_RUN" --accelerator cpu --devices $n "$WORKER" collectives 0 "$MARK" > "$WORK/out$n" 2>&1 || status=$?
-  if [ $status -eq 0 ]; then
-    expect_contains "$WORK/out$n" "collectives: world_size=$n all checks passed" "loom-run, $n ranks"
-  else
-    fail "loom-run, $n ranks exited $status"; cat "$WORK/out$n"
-  fi
+  run_expecting "$WORK/out$n" "collectives: world_size=$n all checks passed" "loom-run, $n ranks" -- \
+    timeout 120 "$LOOM_RUN" --accelerator cpu --devices $n "$WORKER" collectives 0 "$MARK"
 done
 timeout 120 "$WORKER" launch_self 3 "$MARK" > "$WORK/self" 2>&1 || { fail "launch_self exited $?"; cat "$WORK/self"; }
 expect_contains "$WORK/self" "launch_self: world_size=3 all checks passed" "fabric.launch() starts 3 ranks itself"

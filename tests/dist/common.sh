@@ -41,6 +41,20 @@ expect_contains() {
   if grep -qF -- "$2" "$1"; then pass "$3"; else fail "$3: no '$2' in:"; sed 's/^/    /' "$1" | head -n 20; fi
 }
 
+# run_expecting FILE EXPECTED WHAT -- COMMAND...: runs COMMAND with its output
+# in FILE; passes when it exits 0 and FILE holds EXPECTED.
+run_expecting() {
+  out=$1 expected=$2 what=$3
+  shift 4
+  status=0
+  "$@" > "$out" 2>&1 || status=$?
+  if [ $status -eq 0 ]; then
+    expect_contains "$out" "$expected" "$what"
+  else
+    fail "$what: exited $status"; sed 's/^/    /' "$out" | head -n 40
+  fi
+}
+
 # No process of this test is left.
 expect_no_leftovers() {
   sleep 0.3

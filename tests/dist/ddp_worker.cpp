@@ -1,8 +1,10 @@
 // DDP's laws on real processes, each rank fed different data. Started by
 // fabric.launch() (`ddp_worker laws 2`) or by loom-run; exit status 0 when
 // every check passed on this rank.
+#include "law_models.hpp"
 #include "strategy_laws.hpp"
 
+#include <loom/environment.hpp>
 #include <loom/loom.hpp>
 
 #include <torch/nn/functional/activation.h>
@@ -256,8 +258,7 @@ void law_options(ddp_fabric& /*unused*/) {
 // A checkpoint written under DDP loads into single_device and back.
 void law_checkpoint(ddp_fabric& fabric) {
   const int r = fabric.global_rank();
-  const char* dir = std::getenv("LOOM_TEST_DIR");
-  const std::string path = std::string(dir ? dir : "/tmp") + "/ddp.ckpt";
+  const std::string path = laws::test_dir() + "/ddp.ckpt";
   auto net = make_net();
   torch::optim::SGD sgd(net->parameters(), 0.1);
   auto [model, optimizer] = fabric.setup(net, sgd);
@@ -299,7 +300,7 @@ void train_forever(ddp_fabric& fabric) {
     optimizer.zero_grad();
     fabric.backward(model(global_inputs(step % 10)).pow(2).mean());
     optimizer.step();
-    if (step == 100 && fabric.global_rank() == 1 && std::getenv("LOOM_TEST_SELF_KILL")) ::raise(SIGKILL);
+    if (step == 100 && fabric.global_rank() == 1 && loom::cluster::setting_text("LOOM_TEST_SELF_KILL")) ::raise(SIGKILL);
   }
 }
 

@@ -4,6 +4,7 @@
 // every check on this rank passed.
 //
 //   dist_worker collectives | comm | launch_self N | fork N | allreduce_loop | hang | rendezvous | listen_check
+#include <loom/environment.hpp>
 #include <loom/loom.hpp>
 
 #include <c10/core/CPUAllocator.h>
@@ -43,8 +44,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }
 
 std::chrono::milliseconds timeout_from_env() {
-  const char* text = std::getenv("LOOM_TEST_TIMEOUT_MS");
-  return std::chrono::milliseconds(text ? std::atol(text) : 60000);
+  return std::chrono::milliseconds(loom::cluster::setting_integer("LOOM_TEST_TIMEOUT_MS", 1, 1LL << 40).value_or(60000));
 }
 
 // The collectives, each checked against what it must give on W ranks where
@@ -465,8 +465,7 @@ int report(Fabric& fabric, const char* what) {
 
 // LOOM_TEST_BACKEND=mpi: the collectives on loom's MPI group (tests/dist/mpi.sh).
 loom::comm::backend backend_from_env() {
-  const char* text = std::getenv("LOOM_TEST_BACKEND");
-  return text != nullptr && std::string(text) == "mpi" ? loom::comm::backend::mpi : loom::comm::backend::gloo;
+  return loom::cluster::setting_text("LOOM_TEST_BACKEND") == "mpi" ? loom::comm::backend::mpi : loom::comm::backend::gloo;
 }
 
 int run_collectives() {
@@ -503,7 +502,7 @@ int run_fork(int devices) {
 int run_allreduce_loop() {
   loom::Fabric<loom::cpu, loom::parallel> fabric({}, loom::parallel(loom::parallel_options{.timeout = timeout_from_env()}));
   fabric.launch();
-  const int kill_rank = std::getenv("LOOM_TEST_KILL_RANK") ? std::atoi(std::getenv("LOOM_TEST_KILL_RANK")) : -1;
+  const int kill_rank = static_cast<int>(loom::cluster::setting_integer("LOOM_TEST_KILL_RANK", 0, 1 << 20).value_or(-1));
   at::Tensor tensor = at::ones({1 << 16});
   auto killed_at = std::chrono::steady_clock::now();
   for (int iteration = 0;; ++iteration) {

@@ -346,8 +346,7 @@ void law_full_checkpoint() {
   fsdp_fabric fabric({}, loom::fsdp(loom::fsdp_options{.state_dict = loom::state_dict_type::full}));
   const int r = fabric.global_rank();
   const int w = fabric.world_size();
-  const char* dir = std::getenv("LOOM_TEST_DIR");
-  const std::string path = std::string(dir ? dir : "/tmp") + "/fsdp_full_" + std::to_string(w) + ".ckpt";
+  const std::string path = laws::test_dir() + "/fsdp_full_" + std::to_string(w) + ".ckpt";
   auto net = make_net();
   torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
   auto [model, optimizer] = fabric.setup(net, adam);

@@ -6,6 +6,8 @@
 
 #include "strategy_laws.hpp"
 
+#include <loom/environment.hpp>
+
 #include <unistd.h>
 
 #include <cstdio>
@@ -47,8 +49,7 @@ inline PlainNet make_plain() {
 }
 
 inline std::string test_dir() {
-  const char* dir = std::getenv("LOOM_TEST_DIR");
-  return dir ? dir : "/tmp";
+  return loom::cluster::setting_text("LOOM_TEST_DIR").value_or("/tmp");
 }
 
 // Steps from..to-1 (rank r's rows of each global batch) through a set-up model.

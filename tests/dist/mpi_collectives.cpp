@@ -9,6 +9,7 @@
 // refused says why.
 #include "../../src/comm/mpi_backend.hpp"
 
+#include <loom/environment.hpp>
 #include <loom/errors.hpp>
 
 #include <ATen/ATen.h>
@@ -205,8 +206,7 @@ void collectives(mpi_backend& group, const char* label) {
 // Whether this run expects large all-reduces through loom's shared memory
 // (tests/dist/mpi.sh also runs with LOOM_MPI_SHARED_MEMORY=0, MPI's path).
 bool shared_memory_expected() {
-  const char* setting = std::getenv("LOOM_MPI_SHARED_MEMORY");
-  return setting == nullptr || std::string(setting) != "0";
+  return loom::cluster::setting_integer("LOOM_MPI_SHARED_MEMORY", 0, 1).value_or(1) == 1;
 }
 
 // Large all-reduces (>= 1 MiB; the shared-memory path when the group has

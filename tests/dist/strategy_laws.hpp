@@ -3,6 +3,7 @@
 // (fsdp_worker.cpp). Each rank gets different rows of the same global batch.
 #pragma once
 
+#include <loom/environment.hpp>
 #include <loom/loom.hpp>
 
 #include <torch/nn/functional/activation.h>
@@ -53,8 +54,7 @@ F outside_launcher(Args&&... args) {
   struct lifted {
     std::string kept;
     lifted() {
-      const char* cli = std::getenv("LT_CLI_USED");
-      kept = cli ? cli : "";
+      kept = loom::cluster::process_environment()("LT_CLI_USED").value_or("");
       ::unsetenv("LT_CLI_USED");
     }
     ~lifted() {

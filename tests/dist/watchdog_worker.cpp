@@ -9,6 +9,8 @@
 // LOOM_TEST_BACKEND=mpi runs them on loom's MPI group.
 #include "law_models.hpp"
 
+#include <loom/environment.hpp>
+
 #include <unistd.h>
 
 #include <chrono>
@@ -19,14 +21,16 @@
 
 namespace {
 
-double env_number(const char* name, double fallback) {
-  const char* text = std::getenv(name);
-  return text != nullptr && *text != '\0' ? std::atof(text) : fallback;
+// The test's settings, through loom's one parser.
+double seconds_from_env(const char* name, double fallback) {
+  return loom::cluster::setting_seconds(name, 1e7).value_or(fallback);
+}
+long long integer_from_env(const char* name, long long minimum, long long fallback) {
+  return loom::cluster::setting_integer(name, minimum, 1LL << 40).value_or(fallback);
 }
 
 loom::comm::backend backend_from_env() {
-  const char* text = std::getenv("LOOM_TEST_BACKEND");
-  return text != nullptr && std::string(text) == "mpi" ? loom::comm::backend::mpi : loom::comm::backend::gloo;
+  return loom::cluster::setting_text("LOOM_TEST_BACKEND") == "mpi" ? loom::comm::backend::mpi : loom::comm::backend::gloo;
 }
 
 loom::ddp_options ddp_from_env(bool pairwise) {
@@ -34,7 +38,7 @@ loom::ddp_options ddp_from_env(bool pairwise) {
       .process_group_backend = backend_from_env(),
       .pairwise_exchange = pairwise,
       .collective_timeout = std::chrono::milliseconds(
-          static_cast<std::int64_t>(env_number("LOOM_TEST_COLLECTIVE_S", 300) * 1000))};
+          static_cast<std::int64_t>(seconds_from_env("LOOM_TEST_COLLECTIVE_S", 300) * 1000))};
 }
 
 // Every all-reduce of the Reducer (and the pairwise exchange that replaces
@@ -85,9 +89,9 @@ int run_train() {
   auto net = laws::make_plain();
   torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-3));
   auto [model, optimizer] = fabric.setup(net, adam);
-  const int slow_rank = static_cast<int>(env_number("LOOM_TEST_SLOW_RANK", -1));
-  const auto slow = std::chrono::milliseconds(static_cast<std::int64_t>(env_number("LOOM_TEST_SLOW_MS", 0)));
-  const double seconds = env_number("LOOM_TEST_SECONDS", 0);
+  const int slow_rank = static_cast<int>(integer_from_env("LOOM_TEST_SLOW_RANK", -1, -1));
+  const auto slow = std::chrono::milliseconds(integer_from_env("LOOM_TEST_SLOW_MS", 0, 0));
+  const double seconds = seconds_from_env("LOOM_TEST_SECONDS", 0);
   std::printf("rank %d pid %d training\n", fabric.global_rank(), static_cast<int>(::getpid()));
   std::fflush(stdout);
   const auto start = std::chrono::steady_clock::now();
@@ -109,18 +113,17 @@ int run_train() {
 int run_desync() {
   loom::Fabric<loom::cpu, loom::parallel> fabric(
       {}, loom::parallel(loom::parallel_options{
-              .timeout = std::chrono::milliseconds(static_cast<std::int64_t>(env_number("LOOM_TEST_GROUP_TIMEOUT_MS", 1800000))),
+              .timeout = std::chrono::milliseconds(integer_from_env("LOOM_TEST_GROUP_TIMEOUT_MS", 1, 1800000)),
               .backend = backend_from_env(),
               .collective_timeout = std::chrono::milliseconds(
-                  static_cast<std::int64_t>(env_number("LOOM_TEST_COLLECTIVE_S", 300) * 1000))}));
+                  static_cast<std::int64_t>(seconds_from_env("LOOM_TEST_COLLECTIVE_S", 300) * 1000))}));
   fabric.launch();
   at::Tensor value = at::ones({4});
   fabric.all_reduce_(value);
   std::printf("rank %d pid %d entering the mismatched collective\n", fabric.global_rank(),
               static_cast<int>(::getpid()));
   std::fflush(stdout);
-  const char* kind = std::getenv("LOOM_TEST_DESYNC");
-  if (kind != nullptr && std::string(kind) == "shape") {
+  if (loom::cluster::setting_text("LOOM_TEST_DESYNC") == "shape") {
     // Same op, different sizes: Gloo may fail rather than hang.
     at::Tensor larger = at::ones({fabric.global_rank() == 0 ? 4 : 4096});
     try {
