@@ -4,6 +4,7 @@
 #include <loom/environment.hpp>
 #include <loom/errors.hpp>
 
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
