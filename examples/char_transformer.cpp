@@ -22,6 +22,7 @@
 #include <loom/runtime/registry.hpp>
 
 #include <CLI/CLI.hpp>
+#include <ATen/core/grad_mode.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/init.h>

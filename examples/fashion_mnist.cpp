@@ -11,6 +11,7 @@
 #include <loom/loom.hpp>
 
 #include <CLI/CLI.hpp>
+#include <ATen/core/grad_mode.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/dropout.h>

@@ -24,6 +24,7 @@
 #endif
 #include <mpi.h>
 
+#include <ATen/core/grad_mode.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/optim/adam.h>
 

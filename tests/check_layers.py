@@ -27,7 +27,7 @@ VOCABULARY = {"errors.hpp", "devices.hpp", "compat.hpp", "compat_c10d.hpp", "com
 ROWS = [
     ("util", "`util/`, `loggers/`",
      "seed, rank-zero helpers, throughput and FLOPs, module holders, clip options, process states, "
-     "CSV/TensorBoard loggers", set()),
+     "the autocast guard, CSV/TensorBoard loggers", set()),
     ("concepts", "`concepts.hpp`, `concepts/`",
      "the contracts: `Accelerator`, `Precision`, the five `Strategy*` layers, capability traits, `diagnose_*`, "
      "the compatibility rules (`compatibility_rules.hpp`, torch-free)", set()),

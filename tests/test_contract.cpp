@@ -16,6 +16,7 @@
 #include <loom/strategy/fsdp_options.hpp>
 
 #include <ATen/autocast_mode.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
@@ -454,7 +455,7 @@ struct DpNetImpl : torch::nn::Cloneable<DpNetImpl> {
     fc2 = register_module("fc2", torch::nn::Linear(16, 3));
   }
   at::Tensor forward(const at::Tensor& x) {
-    if (at::autocast::is_cpu_enabled()) ++seen->autocast;
+    if (loom::compat::autocast_enabled(c10::DeviceType::CPU)) ++seen->autocast;
     if (std::this_thread::get_id() != seen->caller) ++seen->other_thread;
     return fc2(torch::relu(fc1(x)));
   }

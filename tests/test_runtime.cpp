@@ -8,6 +8,7 @@
 #include <loom/runtime/connector.hpp>
 #include <loom/runtime/register_strategy.hpp>
 #include <loom/runtime/registry.hpp>
+#include <ATen/core/grad_mode.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/sgd.h>
 

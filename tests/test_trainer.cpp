@@ -18,6 +18,7 @@
 #include <loom/trainer/trainer.hpp>
 #include <loom/util/flop_counter.hpp>
 #include <loom/util/throughput.hpp>
+#include <ATen/core/grad_mode.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/container/functional.h>

@@ -8,6 +8,7 @@
 #include "torch_archive.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/serialize.h>
 #include <torch/serialize/input-archive.h>
 

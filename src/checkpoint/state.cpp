@@ -6,6 +6,7 @@
 #include "optimizer_state.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Type.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>

@@ -2,6 +2,7 @@
 #include <loom/precision/grad_scaler.hpp>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/optim/optimizer.h>
 
 #include <cmath>

@@ -5,10 +5,12 @@
 #include "../comm/process_group_state.hpp"
 #include "pairwise_exchange_hook.hpp"
 
+#include <loom/compat_c10d.hpp>
 #include <loom/errors.hpp>
 #include <loom/strategy/ddp_engine.hpp>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/distributed/c10d/comm.hpp>
@@ -114,10 +116,10 @@ ddp_engine::ddp_engine(torch::nn::Module& module, comm::process_group& world, co
       c10d::compute_bucket_assignment_by_size(self.parameters, {first_bucket, bucket_cap}, sparse);
   std::reverse(bucket_indices.begin(), bucket_indices.end());
   std::reverse(bucket_limits.begin(), bucket_limits.end());
-  self.reducer = std::make_shared<c10d::Reducer>(self.parameters, std::move(bucket_indices), std::move(bucket_limits),
-                                                 self.native, sparse, static_cast<int64_t>(bucket_cap),
-                                                 options.find_unused_parameters, options.gradient_as_bucket_view,
-                                                 std::move(names), static_cast<int64_t>(first_bucket));
+  self.reducer = compat::make_reducer<c10d::Reducer>(
+      self.parameters, std::move(bucket_indices), std::move(bucket_limits), self.native, sparse,
+      static_cast<int64_t>(bucket_cap), options.find_unused_parameters, options.gradient_as_bucket_view,
+      std::move(names), static_cast<int64_t>(first_bucket));
   if (self.group.size() == 2 && options.process_group_backend == comm::backend::gloo && options.pairwise_exchange) {
     self.reducer->register_comm_hook(std::make_unique<pairwise_exchange_hook>(self.group.state(), &self.exchanges));
     self.uses_exchange = true;

@@ -3,6 +3,7 @@
 #include <loom/strategy/model_parallel.hpp>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cmath>
 #include <unordered_set>

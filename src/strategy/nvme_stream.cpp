@@ -18,6 +18,7 @@
 #include <loom/strategy/nvme_stream.hpp>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/core/CPUAllocator.h>
 
 #include <fcntl.h>

@@ -6,6 +6,7 @@
 #include "../util/optimizer_families.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <unordered_map>
 

@@ -9,6 +9,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <atomic>
+#include <ATen/core/grad_mode.h>
 #include <torch/nn/functional/embedding.h>
 
 namespace loom::tp {

@@ -7,6 +7,7 @@
 #include <loom/environment.hpp>
 #include <loom/loom.hpp>
 
+#include <ATen/core/grad_mode.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/linear.h>

@@ -195,12 +195,12 @@ int report(Fabric& fabric, const char* what);
 struct counting_allocator final : c10::Allocator {
   c10::Allocator* inner = nullptr;
   mutable std::atomic<long> allocations{0};
-  c10::DataPtr allocate(size_t bytes) const override {
+  c10::DataPtr allocate(size_t bytes) LOOM_ALLOCATOR_ALLOCATE_CONST override {
     allocations.fetch_add(1, std::memory_order_relaxed);
     return inner->allocate(bytes);
   }
   c10::DeleterFnPtr raw_deleter() const override { return inner->raw_deleter(); }
-#if LOOM_TORCH_VERSION_AT_LEAST(2, 3)
+#if LOOM_ALLOCATOR_NEEDS_COPY_DATA
   void copy_data(void* dest, const void* src, std::size_t count) const override { inner->copy_data(dest, src, count); }
 #endif
 };

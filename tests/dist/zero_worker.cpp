@@ -5,6 +5,7 @@
 // what each stage keeps per rank. `zero_worker laws N` starts N ranks itself.
 #include "law_models.hpp"
 
+#include <ATen/core/grad_mode.h>
 #include <torch/optim/adamw.h>
 
 #include <unistd.h>

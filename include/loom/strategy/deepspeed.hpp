@@ -15,8 +15,9 @@
 #include <loom/strategy/nvme_stream.hpp>
 #include <loom/strategy/zero_config.hpp>
 #include <loom/strategy/zero_loss_scaler.hpp>
+#include <loom/util/autocast_guard.hpp>
 
-#include <ATen/autocast_mode.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 
@@ -140,12 +141,10 @@ struct deepspeed : fsdp {
   template <class Forward>
   auto forward(module_state& engine, torch::nn::Module& module, Forward&& run) {
     if (!config_.bf16 && !config_.fp16.enabled) return fsdp::forward(engine, module, std::forward<Forward>(run));
-    const bool was = at::autocast::is_cpu_enabled();
-    at::autocast::set_cpu_enabled(false);
-    struct restore {
-      bool was;
-      ~restore() { at::autocast::set_cpu_enabled(was); }
-    } guard{was};
+    // Off on the device the module computes on (cuda:N on a GPU), as
+    // torch.autocast(device_type, enabled=False) does; restored on the way out.
+    const auto on = device_.type();
+    autocast_guard off(on, compat::autocast_dtype(on), /*enabled=*/false);
     return fsdp::forward(engine, module, std::forward<Forward>(run));
   }
 
