@@ -1,17 +1,33 @@
 #!/bin/sh
-# subproject.sh SOURCE_DIR: the consumer built by Meson with loom as a
-# subproject (dependency('loom'), provided by loom's override_dependency),
-# with loom's tests, examples and benchmarks off, and run.
+# subproject.sh SOURCE_DIR: the consumer and README.md's program
+# (examples/minimal.cpp) built by Meson with loom as a subproject
+# (dependency('loom'), provided by loom's override_dependency), with loom's
+# tests, examples and benchmarks off, and run.
+# LibTorch is a Python torch package, found the way README.md's GPU section
+# says (-Dlibtorch_dir from `import torch`, through /usr/bin/python3): here
+# Debian's python3-torch, whose torch/ holds include/ and lib/ (links into
+# /usr) and no share/cmake; so this also proves loom reads that layout.
 set -eu
 source=$(cd "$1" && pwd)
+torch_dir=$(/usr/bin/python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))' 2>/dev/null) || {
+  echo "SKIP: /usr/bin/python3 cannot import torch (python3-torch); the subproject build uses its torch/ folder"
+  exit 77
+}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-cp "$source/tests/consumers/consumer.cpp" "$work/"
+cp "$source/tests/consumers/consumer.cpp" "$source/examples/minimal.cpp" "$work/"
 cp "$source/tests/consumers/meson.build.in" "$work/meson.build"
 mkdir "$work/subprojects"
 ln -s "$source" "$work/subprojects/loom"
-meson setup "$work/build" "$work" --wrap-mode=forcefallback \
+meson setup "$work/build" "$work" --wrap-mode=forcefallback -Dloom:libtorch_dir="$torch_dir" \
   -Dloom:tests=false -Dloom:examples=false -Dloom:benchmarks=false >"$work/setup.log" 2>&1 ||
   { cat "$work/setup.log" >&2; exit 1; }
-meson compile -C "$work/build" consumer >"$work/compile.log" 2>&1 || { tail -n 40 "$work/compile.log" >&2; exit 1; }
+grep -q "LibTorch *: *$torch_dir" "$work/setup.log" ||
+  { echo "the subproject did not configure against $torch_dir:" >&2; cat "$work/setup.log" >&2; exit 1; }
+meson compile -C "$work/build" consumer readme_program >"$work/compile.log" 2>&1 ||
+  { tail -n 40 "$work/compile.log" >&2; exit 1; }
 "$work/build/consumer"
+# README.md's program trains one epoch and saves linear.ckpt where it runs.
+(cd "$work" && ./build/readme_program)
+[ -s "$work/linear.ckpt" ] || { echo "README.md's program ran but wrote no linear.ckpt" >&2; exit 1; }
+echo "subproject: the consumer and README.md's program built against $torch_dir, and ran"
