@@ -248,3 +248,29 @@ TEST_CASE("a static Fabric started by loom-run with other flags is an error nami
                     Catch::Contains("devices=1 but the CLI gave --devices=2"));
   for (const char* name : {"LT_CLI_USED", "LT_STRATEGY", "LT_PRECISION", "LT_DEVICES"}) ::unsetenv(name);
 }
+
+TEST_CASE("cuda: each launcher's local rank picks cuda:LOCAL_RANK of the selected devices (no GPU needed)",
+          "[cluster]") {
+  auto check = [](const char* launcher, const auto& env) {
+    INFO(launcher);
+    const auto info = detect(env);
+    REQUIRE(info.local_rank == 1);
+    // --devices 2 (indices 0, 1): local rank 1 trains on cuda:1.
+    CHECK(loom::cuda::device(loom::device_selection{{0, 1}}, info.local_rank) ==
+          c10::Device(c10::DeviceType::CUDA, 1));
+    // --devices 2,3: local rank 1 trains on the second one, cuda:3 (Lightning's parallel_devices[local_rank]).
+    CHECK(loom::cuda::device(loom::device_selection{{2, 3}}, info.local_rank) ==
+          c10::Device(c10::DeviceType::CUDA, 3));
+  };
+  check("torchelastic", recorded_environment({{"TORCHELASTIC_RUN_ID", "abc"}, {"RANK", "3"}, {"LOCAL_RANK", "1"},
+                                              {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "2"}, {"GROUP_RANK", "1"},
+                                              {"MASTER_ADDR", "10.0.0.5"}, {"MASTER_PORT", "29500"}}));
+  check("slurm", recorded_environment({{"SLURM_NTASKS", "4"}, {"SLURM_NTASKS_PER_NODE", "2"}, {"SLURM_PROCID", "3"},
+                                       {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "1"}, {"SLURM_JOB_ID", "1234"},
+                                       {"SLURM_NODELIST", "node[1-2]"}, {"SLURM_JOB_NAME", "train"}}));
+  check("mpi", recorded_environment({{"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_RANK", "3"},
+                                     {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                                     {"OMPI_MCA_ess_base_jobid", "1234567"}}));
+  check("loom-run", recorded_environment({{"LOCAL_RANK", "1"}, {"NODE_RANK", "0"}, {"WORLD_SIZE", "2"},
+                                          {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}}));
+}

@@ -476,7 +476,7 @@ double max_gradient_difference(const DpNet& a, const DpNet& b) {
 }
 }  // namespace
 
-TEST_CASE("dp: two replicas on the CPU equal one module on the whole batch, gradients summed by autograd", "[dp]") {
+TEST_CASE("dp: two replicas on the CPU equal one module on the whole batch, gradients summed by autograd", "[contract][dp]") {
   at::manual_seed(3);
   DpNet net;
   DpNet reference(std::dynamic_pointer_cast<DpNetImpl>(net->clone()));
@@ -515,7 +515,7 @@ TEST_CASE("dp: two replicas on the CPU equal one module on the whole batch, grad
   CHECK(loom::detail::replicas_for(2, at::randn({1, 8})) == 1);
 }
 
-TEST_CASE("dp: the strategy through a wrapped module enters the precision's autocast in every replica thread", "[dp]") {
+TEST_CASE("dp: the strategy through a wrapped module enters the precision's autocast in every replica thread", "[contract][dp]") {
   at::manual_seed(4);
   DpNet net;
   DpNet reference(std::dynamic_pointer_cast<DpNetImpl>(net->clone()));
@@ -538,4 +538,80 @@ TEST_CASE("dp: the strategy through a wrapped module enters the precision's auto
   // Lightning's dp all_reduce: the mean of each tensor, in its dtype.
   CHECK(strategy.all_reduce(at::tensor({1.0f, 3.0f})).item<float>() == 2.0f);
   CHECK(strategy.world_size() == 1);
+}
+
+// ---------------------------------------------------------------- the device rule
+// Every tensor a collective sends must live on the group's device (NCCL
+// refuses CPU tensors). A one-rank Gloo group whose device is `meta` stands in
+// for a GPU group on this CPU machine: a tensor built on the CPU is refused
+// before it reaches Gloo, naming the call; code that builds its tensors on
+// group.device() passes the check and reaches Gloo, which then refuses meta
+// storage ("unsupported device type"). So for each of loom's sites: the
+// error names the collective and is not the device rule's.
+namespace {
+constexpr const char* device_rule = "was handed to a process group whose device is";
+
+// What `call(group)` throws on a fresh one-rank group on `meta` ("" when it
+// returns). Fresh each time: a failed collective leaves a group unusable.
+template <class Call>
+std::string on_meta_group(Call&& call) {
+  loom_test::scratch_dir dir("device-rule");
+  loom::comm::group_options options;
+  options.device = c10::Device(c10::DeviceType::Meta);
+  options.collective_timeout = std::chrono::milliseconds(0);
+  auto group = loom::comm::process_group::connect({.file_path = dir.file("store")}, 0, 1, options);
+  REQUIRE(group.device() == c10::Device(c10::DeviceType::Meta));
+  try {
+    call(group);
+  } catch (const std::exception& error) {
+    return error.what();
+  }
+  return "";
+}
+
+at::Tensor meta_ones() { return at::ones({2}, at::TensorOptions().device(c10::DeviceType::Meta)); }
+}  // namespace
+
+TEST_CASE("the device rule: a collective refuses a tensor off the group's device, naming the call", "[contract][comm]") {
+  using group_t = loom::comm::process_group;
+  const at::Tensor cpu = at::ones({2});
+  CHECK_THAT(on_meta_group([&](group_t& g) { at::Tensor t = cpu.clone(); g.all_reduce(t); }),
+             Catch::Contains("all_reduce: a tensor on cpu") && Catch::Contains(device_rule) &&
+                 Catch::Contains("meta") && Catch::Contains("group.device()"));
+  CHECK_THAT(on_meta_group([&](group_t& g) { at::Tensor t = cpu.clone(); g.broadcast(t); }),
+             Catch::Contains("broadcast: a tensor on cpu"));
+  CHECK_THAT(on_meta_group([&](group_t& g) { (void)g.all_gather_stacked(cpu); }),
+             Catch::Contains("all_gather: a tensor on cpu"));
+  CHECK_THAT(on_meta_group([&](group_t& g) { g.all_gather_into(at::empty({2}), cpu).wait(); }),
+             Catch::Contains("all_gather_into: a tensor on cpu"));
+  CHECK_THAT(on_meta_group([&](group_t& g) { g.reduce_scatter_into(at::empty({2}), cpu).wait(); }),
+             Catch::Contains("reduce_scatter_into: a tensor on cpu"));
+  // On the group's device the check passes, and Gloo refuses meta storage.
+  CHECK_THAT(on_meta_group([&](group_t& g) { at::Tensor t = meta_ones(); g.all_reduce(t); }),
+             Catch::Contains("all_reduce") && !Catch::Contains(device_rule));
+}
+
+TEST_CASE("the device rule: loom's own tensors for collectives are built on the group's device", "[contract][comm]") {
+  using group_t = loom::comm::process_group;
+  // reduce_boolean_decision's vote (src/strategy/collectives.cpp).
+  CHECK_THAT(on_meta_group([](group_t& g) { (void)loom::collectives::reduce_boolean_decision(g, true, true); }),
+             Catch::Contains("all_reduce") && !Catch::Contains(device_rule));
+  // broadcast_object's length (src/comm/process_group.cpp).
+  CHECK_THAT(on_meta_group([](group_t& g) { (void)g.broadcast_object(c10::IValue(std::string("x"))); }),
+             Catch::Contains("broadcast") && !Catch::Contains(device_rule));
+  // all_gather_per_rank's shape exchange (src/comm/process_group.cpp).
+  CHECK_THAT(on_meta_group([](group_t& g) { (void)g.all_gather_per_rank(meta_ones()); }),
+             Catch::Contains("all_gather") && !Catch::Contains(device_rule));
+  // ZeRO's found-inf flag (src/strategy/zero_loss_scaler.cpp) and tensor
+  // parallel's norm (src/strategy/model_parallel.cpp), over CPU gradients.
+  torch::nn::Linear linear(2, 1);
+  for (auto& p : linear->parameters()) p.mutable_grad() = at::ones_like(p);
+  torch::optim::SGD sgd(linear->parameters(), 0.1);
+  loom::zero_loss_scaler scaler;
+  CHECK_THAT(on_meta_group([&](group_t& g) { (void)scaler.unscale_and_check(sgd, &g); }),
+             Catch::Contains("all_reduce") && !Catch::Contains(device_rule));
+  CHECK_THAT(on_meta_group([&](group_t& g) {
+               (void)loom::detail::clip_tensor_parallel(*linear, g, nullptr, loom::clip_options{.max_norm = 1.0});
+             }),
+             Catch::Contains("all_reduce") && !Catch::Contains(device_rule));
 }

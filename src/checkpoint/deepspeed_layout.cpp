@@ -112,8 +112,10 @@ void save_deepspeed_checkpoint(const std::string& path, const state& state, cons
   const auto optim = write(optim_file(rank, layout.bf16), subset(state, layout, /*optimizers=*/true));
   std::pair<std::int64_t, std::int64_t> model{-1, -1};
   if (layout.module_sharded && rank != 0) model = write(model_file(rank), subset(state, layout, /*optimizers=*/false));
-  at::Tensor report = at::tensor({optim.first, optim.second, model.first, model.second}, at::kLong);
-  const at::Tensor everyone = group.valid() ? group.all_gather_stacked(report) : report.unsqueeze(0);
+  at::Tensor report = at::tensor({optim.first, optim.second, model.first, model.second},
+                                 at::TensorOptions().dtype(at::kLong).device(group.device()));
+  // Gathered on the group's device (NCCL's), read on the CPU.
+  const at::Tensor everyone = (group.valid() ? group.all_gather_stacked(report) : report.unsqueeze(0)).to(at::kCPU);
 
   // Rank 0's model states, last, listing the others.
   auto write_index = [&] {

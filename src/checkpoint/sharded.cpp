@@ -253,8 +253,9 @@ void save_sharded_checkpoint(const std::string& path, const state& state, const 
   write_file_atomically((staged / rank_file(rank, world)).string(), bytes);
   at::Tensor report = at::tensor({static_cast<std::int64_t>(bytes.size()),
                                   static_cast<std::int64_t>(detail::crc32_of(bytes.data(), bytes.size()))},
-                                 at::kLong);
-  const at::Tensor everyone = group.valid() ? group.all_gather_stacked(report) : report.unsqueeze(0);
+                                 at::TensorOptions().dtype(at::kLong).device(group.device()));
+  // Gathered on the group's device (NCCL's), read on the CPU.
+  const at::Tensor everyone = (group.valid() ? group.all_gather_stacked(report) : report.unsqueeze(0)).to(at::kCPU);
   if (rank == 0) {
     c10::impl::GenericDict entries(c10::StringType::get(), c10::AnyType::get());
     checkpoint_metadata shared = metadata;

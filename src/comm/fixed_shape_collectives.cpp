@@ -103,6 +103,7 @@ void validate_pair(const process_group_state& state, const char* operation, cons
     throw configuration_error(name + ": out is " + describe(out) + " on " + out.device().str() + ", in is " +
                               describe(in) + " on " + in.device().str() + "; both must have one dtype and device");
   }
+  check_on_device(state, in, operation);
   if (!out.is_contiguous() || !in.is_contiguous()) {
     throw configuration_error(name + ": out and in must be contiguous (these forms fill the caller's buffers "
                                      "without copies); call .contiguous() once, outside the loop");
@@ -381,6 +382,7 @@ work process_group::broadcast_async(const at::Tensor& tensor, int source) {
   }
   return issue(state_, "broadcast", [&](work_slot& slot) {
     // bf16 moves as its float16 view (no copy); other dtypes as all_reduce takes them.
+    check_on_device(*state_, tensor, "broadcast");
     at::Tensor wire = tensor.scalar_type() == at::kBFloat16 && tensor.is_contiguous()
                           ? on_wire(*state_, tensor)
                           : wire_tensor(*state_, tensor, "broadcast");

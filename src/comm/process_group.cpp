@@ -154,8 +154,17 @@ bool gloo_supports(c10::ScalarType dtype) {
   }
 }
 
+void check_on_device(const process_group_state& state, const at::Tensor& tensor, const char* operation) {
+  if (tensor.device() == state.options.device) return;
+  throw configuration_error(std::string(operation) + ": a tensor on " + tensor.device().str() +
+                            " was handed to a process group whose device is " + state.options.device.str() +
+                            "; every tensor a collective sends must live on the group's device (NCCL refuses any "
+                            "other). Build it there: at::TensorOptions().device(group.device()).");
+}
+
 // The tensor as the backend can take it: itself, or a float copy of a bf16 one.
 at::Tensor wire_tensor(const process_group_state& state, const at::Tensor& tensor, const char* operation) {
+  check_on_device(state, tensor, operation);
   if (state.kind != backend::gloo || gloo_supports(tensor.scalar_type())) {
     return tensor.is_contiguous() ? tensor : tensor.contiguous();
   }
@@ -388,6 +397,10 @@ void process_group::set_emulation(comm::emulation choice) {
 int process_group::rank() const noexcept { return state_ ? state_->rank : 0; }
 int process_group::size() const noexcept { return state_ ? state_->size : 1; }
 backend process_group::kind() const noexcept { return state_ ? state_->kind : backend::gloo; }
+c10::Device process_group::device() const noexcept {
+  return state_ ? state_->options.device : group_options{}.device;
+}
+
 std::chrono::milliseconds process_group::timeout() const noexcept {
   return state_ ? state_->options.timeout : group_options{}.timeout;
 }
@@ -478,7 +491,7 @@ std::vector<std::vector<int64_t>> gather_shapes(process_group_state& state, cons
   meta[0] = tensor.dim();
   meta[1] = static_cast<int64_t>(tensor.scalar_type());
   for (int64_t d = 0; d < tensor.dim(); ++d) meta[2 + d] = tensor.size(d);
-  meta = meta.to(tensor.device());
+  meta = meta.to(state.options.device);
   std::vector<at::Tensor> input{meta};
   std::vector<std::vector<at::Tensor>> output(1);
   for (int r = 0; r < state.size; ++r) output[0].push_back(at::empty_like(meta));
@@ -565,19 +578,22 @@ void process_group::barrier() {
 c10::IValue process_group::broadcast_object(const c10::IValue& value, int source) {
   if (!state_) return value;
   auto& state = *state_;
-  at::Tensor length = at::zeros({1}, at::kLong);
+  // Length and bytes travel on the group's device (NCCL moves nothing else);
+  // the pickle is made and read on the CPU.
+  const auto on_group = at::TensorOptions().device(state.options.device);
   std::vector<char> bytes;
-  if (state.rank == source) {
-    bytes = torch::pickle_save(value);
-    length[0] = static_cast<int64_t>(bytes.size());
-  }
+  if (state.rank == source) bytes = torch::pickle_save(value);
+  at::Tensor length = at::full({1}, static_cast<int64_t>(bytes.size()), on_group.dtype(at::kLong));
   broadcast(length, source);
-  at::Tensor payload = at::empty({length.item<int64_t>()}, at::kByte);
-  if (state.rank == source) std::memcpy(payload.data_ptr(), bytes.data(), bytes.size());
+  at::Tensor payload = at::empty({length.item<int64_t>()}, on_group.dtype(at::kByte));
+  if (state.rank == source) {
+    payload.copy_(at::from_blob(bytes.data(), {static_cast<int64_t>(bytes.size())}, at::kByte));
+  }
   broadcast(payload, source);
   if (state.rank == source) return value;
-  const auto* data = static_cast<const char*>(payload.data_ptr());
-  return torch::pickle_load(std::vector<char>(data, data + payload.numel()));
+  const at::Tensor host = payload.to(at::kCPU);
+  const auto* data = static_cast<const char*>(host.data_ptr());
+  return torch::pickle_load(std::vector<char>(data, data + host.numel()));
 }
 
 process_group process_group::new_group(const std::vector<int>& ranks) const {

@@ -88,6 +88,9 @@ inline void record_emulated(process_group_state& state, collective_kind kind, co
   if (state.watch) state.watch->recorder->record(kind, &tensor);
 }
 
+// Refuses a tensor that is not on the group's device (group_options::device),
+// naming the collective: the device rule, checked on every machine.
+void check_on_device(const process_group_state& state, const at::Tensor& tensor, const char* operation);
 // Whether Gloo moves and reduces dtype natively.
 bool gloo_supports(c10::ScalarType dtype);
 // The tensor as the backend can take it: itself (made contiguous), or a float

@@ -56,7 +56,7 @@ at::Tensor all_gather_with_grad(comm::process_group& group, const at::Tensor& te
 }
 
 bool reduce_boolean_decision(comm::process_group& group, bool decision, bool all) {
-  at::Tensor votes = at::full({1}, decision ? 1 : 0, at::kInt);
+  at::Tensor votes = at::full({1}, decision ? 1 : 0, at::TensorOptions().dtype(at::kInt).device(group.device()));
   group.all_reduce(votes, reduce_op::sum);
   const int yes = votes.item<int>();
   return all ? yes == group.size() : yes > 0;

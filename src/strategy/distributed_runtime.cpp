@@ -237,6 +237,7 @@ void distributed_runtime::connect() {
   group_options.mpi_communicator = options_.mpi_communicator;
   group_options.collective_timeout = options_.collective_timeout;
   group_options.loopback_only = num_nodes_ == 1 || is_loopback(cluster_.main_address);
+  group_options.device = device_;
   group_ = comm::process_group::connect(where, global_rank_, world_size_, group_options);
 }
 

@@ -843,11 +843,14 @@ std::optional<double> fsdp_engine::clip_gradients(const clip_options& options) {
     return std::nullopt;
   }
   const double norm_type = options.norm_type;
-  at::Tensor total = at::zeros({1}, at::kDouble);
+  // Summed on the shard group's device (what NCCL reduces); each shard's
+  // part is computed where the shard lives (the CPU, when offloaded).
+  const c10::Device on = self.shard_group.valid() ? self.shard_group.device() : self.compute_device;
+  at::Tensor total = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(on));
   for (auto& g : grads) {
     const at::Tensor local = g.to(at::kDouble);
-    if (std::isinf(norm_type)) total = at::maximum(total, local.abs().max().reshape({1}));
-    else total += local.abs().pow(norm_type).sum();
+    if (std::isinf(norm_type)) total = at::maximum(total, local.abs().max().reshape({1}).to(on));
+    else total += local.abs().pow(norm_type).sum().to(on);
   }
   if (self.shard_group.valid()) self.shard_group.all_reduce(total, std::isinf(norm_type) ? reduce_op::max : reduce_op::sum);
   double norm = total.item<double>();

@@ -47,7 +47,9 @@ std::optional<double> clip_tensor_parallel(torch::nn::Module& module, const comm
     part = infinity ? std::max(part, value) : part + value;
   }
   const reduce_op op = infinity ? reduce_op::max : reduce_op::sum;
-  at::Tensor parts = at::tensor({sharded_part, replicated_part}, at::kDouble);
+  // On the groups' device (what NCCL reduces); the parts above were read to the CPU.
+  at::Tensor parts =
+      at::tensor({sharded_part, replicated_part}, at::TensorOptions().dtype(at::kDouble).device(tensor_group.device()));
   if (data_group != nullptr) {
     comm::process_group data = *data_group;
     data.all_reduce(parts, op);

@@ -38,7 +38,10 @@ void zero_loss_scaler::update(bool overflow) {
 
 bool zero_loss_scaler::unscale_and_check(torch::optim::Optimizer& optimizer, comm::process_group* group) {
   at::NoGradGuard no_grad;
-  at::Tensor found = at::zeros({1}, at::kFloat);
+  const bool reduce = group != nullptr && group->valid();
+  // On the group's device: what NCCL reduces.
+  at::Tensor found = at::zeros(
+      {1}, at::TensorOptions().dtype(at::kFloat).device(reduce ? group->device() : c10::Device(c10::DeviceType::CPU)));
   const double inverse = 1.0 / scale_;
   for (auto& param_group : optimizer.param_groups()) {
     for (auto& p : param_group.params()) {
@@ -48,7 +51,7 @@ bool zero_loss_scaler::unscale_and_check(torch::optim::Optimizer& optimizer, com
       g.mul_(inverse);
     }
   }
-  if (group != nullptr && group->valid()) group->all_reduce(found, reduce_op::max);
+  if (reduce) group->all_reduce(found, reduce_op::max);
   return found.item<float>() > 0;
 }
 

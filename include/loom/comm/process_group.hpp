@@ -10,6 +10,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
+#include <c10/core/Device.h>
 
 #include <chrono>
 #include <cstdint>
@@ -48,6 +49,12 @@ struct group_options {
   // which bounds every wait regardless. 0 turns it off; the environment
   // variable LOOM_COLLECTIVE_TIMEOUT (seconds) overrides it.
   std::chrono::milliseconds collective_timeout = std::chrono::seconds(300);
+  // Where every tensor this group's collectives send must live: the CPU, or
+  // cuda:LOCAL_RANK for the ranks of a GPU job (NCCL refuses CPU tensors;
+  // Gloo carries either, as Lightning allows). Each collective checks each
+  // tensor against it, so a scalar built on the wrong device fails on any
+  // machine, not only on the GPU one. Sub-groups inherit it.
+  c10::Device device = c10::Device(c10::DeviceType::CPU);
 };
 
 // While one lives, this process's collective watchdog raises no alarm: for
@@ -76,6 +83,8 @@ class process_group {
   int size() const noexcept;
   backend kind() const noexcept;
   std::chrono::milliseconds timeout() const noexcept;
+  // group_options::device: build the tensors a collective sends there.
+  c10::Device device() const noexcept;
 
   // In place. mean: sum, then division (floating tensors only).
   void all_reduce(at::Tensor& tensor, reduce_op op = reduce_op::sum);

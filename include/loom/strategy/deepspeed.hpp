@@ -624,11 +624,15 @@ struct deepspeed : fsdp {
   // DeepSpeed's clipping coefficient from every rank's gradient partitions
   // (summed in double, in parameter order); 1 when nothing is clipped.
   double clip_coefficient(const std::vector<at::Tensor>& gradients, double max_norm) {
-    at::Tensor total = at::zeros({1}, at::kDouble);
+    // Summed on the group's device (what NCCL reduces); each part where its
+    // gradient lives (the CPU, when the optimizer is offloaded).
+    const bool reduce = config_.stage > 0 && world_size() > 1;
+    const c10::Device on = reduce ? group().device() : c10::Device(c10::DeviceType::CPU);
+    at::Tensor total = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(on));
     for (const auto& gradient : gradients) {
-      if (gradient.defined()) total += gradient.to(at::kDouble).pow(2).sum();
+      if (gradient.defined()) total += gradient.to(at::kDouble).pow(2).sum().to(on);
     }
-    if (config_.stage > 0 && world_size() > 1) group().all_reduce(total, reduce_op::sum);
+    if (reduce) group().all_reduce(total, reduce_op::sum);
     const double coefficient = max_norm / (std::sqrt(total.item<double>()) + 1e-6);
     return coefficient < 1.0 ? coefficient : 1.0;
   }
