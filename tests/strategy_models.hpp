@@ -121,9 +121,9 @@ struct bare_strategy : module_state_declaration<Missing != member::module_state>
     note("optimizer_step");
     precision.optimizer_step(optimizer, slot);
   }
-  void zero_grad(torch::optim::Optimizer& optimizer) requires(Missing != member::zero_grad) {
+  void zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none) requires(Missing != member::zero_grad) {
     note("zero_grad");
-    optimizer.zero_grad();
+    loom::compat::zero_grad(optimizer, set_to_none);
   }
   std::optional<double> clip_gradients(empty_state& /*state*/, torch::nn::Module& module,
                                        const loom::clip_options& options)

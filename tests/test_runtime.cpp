@@ -419,6 +419,78 @@ TEST_CASE("deepspeed: bad configs name the key, the value and what is accepted",
                     Catch::Contains("the path does not exist: /no/such/ds_config.json"));
 }
 
+// optimizer.zero_grad(set_to_none) went to LibTorch directly, past the
+// strategy: between DeepSpeed's accumulation boundaries it dropped the
+// micro-batches' gradients that zero_grad() keeps.
+TEST_CASE("zero_grad(set_to_none) goes through the strategy: DeepSpeed keeps gradients between boundaries",
+          "[runtime][zero]") {
+  // Two micro-batches of one optimizer step, zeroing before each as the user does.
+  auto train = [](auto&& fabric, auto zero_grad) {
+    at::manual_seed(3);
+    loom_test::Mlp net(4, 8, 2);
+    torch::optim::SGD sgd(net->parameters(), 0.1);
+    auto [model, optimizer] = fabric.setup(net, sgd);
+    for (int micro = 0; micro < 2; ++micro) {
+      zero_grad(optimizer);
+      fabric.backward(model(torch::full({3, 4}, 1.0 + micro)).sum());
+      optimizer.step();
+    }
+    return net->fc1->weight.detach().clone();
+  };
+  const std::string config = R"({"config": {"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": 2}})";
+  auto any_fabric = [&] { return loom::make_fabric({.strategy = "deepspeed", .strategy_options = config, .devices = 1}); };
+  const at::Tensor by_default = train(any_fabric(), [](auto& o) { o.zero_grad(); });
+  CHECK(torch::equal(train(any_fabric(), [](auto& o) { o.zero_grad(true); }), by_default));
+  CHECK(torch::equal(train(any_fabric(), [](auto& o) { o.zero_grad(false); }), by_default));
+  using zero2 = loom::Fabric<loom::cpu, loom::deepspeed, loom::fp32>;
+  auto static_fabric = [] {
+    return zero2({}, loom::deepspeed(loom::deepspeed_options{
+                         .config = R"({"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": 2})"}));
+  };
+  CHECK(torch::equal(train(static_fabric(), [](auto& o) { o.zero_grad(true); }), by_default));
+}
+
+// fsdp_cpu_offload refuses no_backward_sync at compile time
+// (tests/compile_fail/fsdp.cpp); where offloading is a run-time option the
+// same combination was accepted.
+TEST_CASE("no_backward_sync is refused at run time where offloading is a run-time option", "[runtime][zero]") {
+  auto refusal = [](auto&& fabric) -> std::string {
+    loom_test::Mlp net(4, 8, 2);
+    torch::optim::SGD sgd(net->parameters(), 0.1);
+    auto [model, optimizer] = fabric.setup(net, sgd);
+    try {
+      auto guard = fabric.no_backward_sync(model);
+    } catch (const loom::configuration_error& error) {
+      return error.what();
+    }
+    return "(accepted)";
+  };
+  // Catch's && keeps references to its parts: they are named, so they outlive it.
+  const auto names_offloading = Catch::Contains("offload");
+  const auto says_why = Catch::Contains("skipped reductions would keep");
+  const auto offload_sentence = names_offloading && says_why;
+  CHECK_THAT(refusal(loom::Fabric<loom::cpu, loom::fsdp>({}, loom::fsdp(loom::fsdp_options{.cpu_offload = true}))),
+             Catch::Contains("no_backward_sync") && offload_sentence);
+  CHECK_THAT(refusal(loom::Fabric<loom::cpu, loom::deepspeed>(
+                 {}, loom::deepspeed(loom::deepspeed_options{.stage = 2, .offload_optimizer = true}))),
+             Catch::Contains("no_backward_sync") && offload_sentence);
+  CHECK_THAT(refusal(loom::Fabric<loom::cpu, loom::deepspeed>({}, loom::deepspeed(loom::deepspeed_options{
+                 .config = R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})"}))),
+             Catch::Contains("no_backward_sync") && offload_sentence);
+  // The offload presets are types: refused at compile time, as fsdp_cpu_offload
+  // (whose Fabric::no_backward_sync static_assert tests/compile_fail/fsdp.cpp shows).
+  static_assert(!loom::supports_no_backward_sync<loom::fsdp_cpu_offload>);
+  static_assert(!loom::supports_no_backward_sync<loom::deepspeed_stage_1_offload> &&
+                !loom::supports_no_backward_sync<loom::deepspeed_stage_2_offload> &&
+                !loom::supports_no_backward_sync<loom::deepspeed_stage_3_offload> &&
+                !loom::supports_no_backward_sync<loom::deepspeed_stage_3_offload_nvme>);
+  static_assert(loom::supports_no_backward_sync<loom::deepspeed_stage_2>);
+  CHECK_THAT(refusal(loom::make_fabric({.strategy = "deepspeed_stage_2_offload", .devices = 1})),
+             Catch::Contains("no_backward_sync") && offload_sentence);
+  // Without offloading it is a guard, as before.
+  CHECK(refusal(loom::Fabric<loom::cpu, loom::fsdp>({}, loom::fsdp())) == "(accepted)");
+}
+
 TEST_CASE("deepspeed through make_fabric: one optimizer, set up with the module", "[runtime][zero]") {
   using zero3 = loom::Fabric<loom::cpu, loom::deepspeed_stage_3, loom::fp32>;
   auto fabric = loom::make_fabric(

@@ -51,7 +51,8 @@ namespace detail {
   "the dataset and loom::loader_options instead."
 #define LOOM_SENTENCE_CANNOT_SKIP_SYNC                                                                        \
   "this strategy cannot skip gradient synchronisation (its `supports_no_backward_sync` is absent or false; "   \
-  "fsdp_cpu_offload refuses it: skipped reductions would keep unsharded gradients on the device). Use "        \
+  "fsdp_cpu_offload and the deepspeed offload presets refuse it: skipped reductions would keep unsharded "    \
+  "gradients on the device, which offloading is there to free). Use "                                          \
   "loom::ddp, loom::fsdp or loom::single_device, or accumulate without it."
 
 [[noreturn]] inline void refuse(std::string_view call, std::string_view strategy, const char* sentence) {

@@ -75,6 +75,10 @@ inline void set_autocast_dtype(c10::DeviceType device, c10::ScalarType dtype) {
 #endif
 }
 
+// What Optimizer::zero_grad() does when not told: zero in place on 1.13, set
+// to none on 2.x.
+inline constexpr bool zero_grad_sets_to_none = LOOM_TORCH_VERSION_AT_LEAST(2, 0);
+
 // 1.13's Optimizer::zero_grad() zeroes in place; 2.x takes set_to_none and
 // defaults to dropping the gradients. loom asks for the behaviour explicitly.
 inline void zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none) {

@@ -85,10 +85,10 @@ class static_backend {
   static constexpr bool supports_no_backward_sync() noexcept { return skip_backward_sync == decided::always; }
 
   void launch() {
-    if constexpr (requires { strategy_.launch(); }) strategy_.launch();
+    if constexpr (launches_processes<S>) strategy_.launch();
   }
   bool is_forked_child() const noexcept {
-    if constexpr (requires { strategy_.is_forked_child(); }) return strategy_.is_forked_child();
+    if constexpr (launches_processes<S>) return strategy_.is_forked_child();
     else return false;
   }
   int global_rank() const { return strategy_.global_rank(); }
@@ -98,11 +98,11 @@ class static_backend {
   // Who a distributed sampler deals batches to: the world, unless the
   // strategy says otherwise (model_parallel: its data-parallel ranks).
   int sampler_replicas() {
-    if constexpr (requires { strategy_.sampler_replicas(); }) return strategy_.sampler_replicas();
+    if constexpr (sets_sampler_ranks<S>) return strategy_.sampler_replicas();
     else return strategy_.world_size();
   }
   int sampler_rank() {
-    if constexpr (requires { strategy_.sampler_rank(); }) return strategy_.sampler_rank();
+    if constexpr (sets_sampler_ranks<S>) return strategy_.sampler_rank();
     else return strategy_.global_rank();
   }
   c10::Device device() const { return strategy_.root_device(); }

@@ -25,6 +25,7 @@
 // own, so refilling bumps nothing autograd checks.
 #include <loom/errors.hpp>
 #include <loom/strategy/fsdp_engine.hpp>
+#include <loom/strategy/gradient_norm.hpp>
 #include <loom/strategy/unit.hpp>
 
 #include "../checkpoint/optimizer_state.hpp"
@@ -821,6 +822,7 @@ void fsdp_engine::set_sync_enabled(bool enabled) noexcept { impl_->sync = enable
 const fsdp_counters& fsdp_engine::counters() const noexcept { return impl_->counters; }
 int fsdp_engine::shard_size() const noexcept { return impl_->shard_size; }
 int fsdp_engine::replicate_size() const noexcept { return impl_->replicate_size; }
+bool fsdp_engine::cpu_offload() const noexcept { return impl_->offload; }
 
 void fsdp_engine::zero_grad() {
   for (auto& unit : impl_->units) {
@@ -842,29 +844,12 @@ std::optional<double> fsdp_engine::clip_gradients(const clip_options& options) {
     for (auto& g : grads) g.clamp_(-limit, limit);
     return std::nullopt;
   }
-  const double norm_type = options.norm_type;
-  // Summed on the shard group's device (what NCCL reduces); each shard's
-  // part is computed where the shard lives (the CPU, when offloaded).
-  const c10::Device on = self.shard_group.valid() ? self.shard_group.device() : self.compute_device;
-  at::Tensor total = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(on));
-  for (auto& g : grads) {
-    const at::Tensor local = g.to(at::kDouble);
-    if (std::isinf(norm_type)) total = at::maximum(total, local.abs().max().reshape({1}).to(on));
-    else total += local.abs().pow(norm_type).sum().to(on);
-  }
-  if (self.shard_group.valid()) self.shard_group.all_reduce(total, std::isinf(norm_type) ? reduce_op::max : reduce_op::sum);
-  double norm = total.item<double>();
-  if (!std::isinf(norm_type)) norm = std::pow(norm, 1.0 / norm_type);
-  if (options.error_if_nonfinite && !std::isfinite(norm)) {
-    throw std::runtime_error("clip_gradients: the total norm of order " + std::to_string(norm_type) +
-                             " of the gradients is non-finite (" + std::to_string(norm) +
-                             "), so they cannot be clipped; pass error_if_nonfinite=false to clip anyway");
-  }
-  const double coefficient = *options.max_norm / (norm + 1e-6);
-  if (coefficient < 1.0) {
-    for (auto& g : grads) g.mul_(coefficient);
-  }
-  return norm;
+  // Each rank holds its shard of every unit's gradient.
+  gradient_norm norm(options.norm_type,
+                     self.shard_group.valid() ? self.shard_group.device() : self.compute_device);
+  for (auto& g : grads) norm.add(g);
+  norm.reduce_over(self.shard_group);
+  return clip_to_max_norm(norm, grads, options);
 }
 
 void fsdp_engine::gather_full_parameters(int root,

@@ -1,6 +1,7 @@
 // model_parallel's compiled parts: the mesh's sizes, clipping over shards and
 // the distributed checkpoint's layout.
 #include <loom/strategy/model_parallel.hpp>
+#include <loom/strategy/gradient_norm.hpp>
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -33,43 +34,22 @@ std::optional<double> clip_tensor_parallel(torch::nn::Module& module, const comm
   }
   std::unordered_set<const void*> sharded;
   for (const auto& chunk : tp::sharded_parameters_of(module)) sharded.insert(chunk.parameter.unsafeGetTensorImpl());
-  const double p_norm = options.norm_type;
-  const bool infinity = std::isinf(p_norm);
-  // Sharded parameters: each rank's part of the sum (or max) over the group;
-  // replicated ones: the same on every rank, counted once. Under a
-  // data-parallel engine each gradient is this rank's slice of it.
-  double sharded_part = 0, replicated_part = 0;
-  for (const auto& p : parameters) {
-    if (p.grad().numel() == 0) continue;
-    const at::Tensor g = p.grad().detach().to(at::kDouble);
-    const double value = infinity ? g.abs().max().item<double>() : g.abs().pow(p_norm).sum().item<double>();
-    double& part = sharded.count(p.unsafeGetTensorImpl()) ? sharded_part : replicated_part;
-    part = infinity ? std::max(part, value) : part + value;
-  }
-  const reduce_op op = infinity ? reduce_op::max : reduce_op::sum;
-  // On the groups' device (what NCCL reduces); the parts above were read to the CPU.
-  at::Tensor parts =
-      at::tensor({sharded_part, replicated_part}, at::TensorOptions().dtype(at::kDouble).device(tensor_group.device()));
+  // Sharded parameters: each rank holds a slice over the tensor group;
+  // replicated ones are whole on every rank, counted once. Under a
+  // data-parallel engine each gradient is also this rank's slice over the
+  // data group.
+  gradient_norm slices(options.norm_type, tensor_group.device());
+  gradient_norm replicated(options.norm_type, tensor_group.device());
+  for (const auto& p : parameters) (sharded.count(p.unsafeGetTensorImpl()) ? slices : replicated).add(p.grad());
   if (data_group != nullptr) {
-    comm::process_group data = *data_group;
-    data.all_reduce(parts, op);
+    slices.reduce_over(*data_group);
+    replicated.reduce_over(*data_group);
   }
-  at::Tensor total = parts.narrow(0, 0, 1).clone();
-  comm::process_group group = tensor_group;
-  group.all_reduce(total, op);
-  const double replicated = parts[1].item<double>();
-  const double combined = infinity ? std::max(total.item<double>(), replicated) : total.item<double>() + replicated;
-  const double norm = infinity ? combined : std::pow(combined, 1.0 / p_norm);
-  if (options.error_if_nonfinite && !std::isfinite(norm)) {
-    throw configuration_error("clip_gradients: the total norm of the gradients is " + std::to_string(norm) +
-                              " (error_if_nonfinite is set)");
-  }
-  const double coefficient = *options.max_norm / (norm + 1e-6);
-  if (coefficient < 1.0) {
-    torch::NoGradGuard no_grad;
-    for (auto& p : parameters) p.grad().mul_(coefficient);
-  }
-  return norm;
+  slices.reduce_over(tensor_group);
+  slices.add(replicated);
+  std::vector<at::Tensor> gradients;
+  for (const auto& p : parameters) gradients.push_back(p.grad());
+  return clip_to_max_norm(slices, gradients, options);
 }
 
 shard_layout model_parallel_layout(const state& checkpoint, const std::vector<std::weak_ptr<fsdp_engine>>& engines,

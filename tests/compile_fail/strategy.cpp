@@ -25,3 +25,24 @@ void case_missing_broadcast() { loom::Fabric<loom::cpu, bare_strategy<member::br
 void case_missing_reduce_scatter() { loom::Fabric<loom::cpu, bare_strategy<member::reduce_scatter>, loom::fp32> fabric; }
 void case_missing_reduce_boolean_decision() { loom::Fabric<loom::cpu, bare_strategy<member::reduce_boolean_decision>, loom::fp32> fabric; }
 void case_missing_joint_setup() { loom::Fabric<loom::cpu, bare_strategy<member::joint_setup, true>, loom::fp32> fabric; }
+
+// The optional members are opt-in by a flag: a member without its flag, or a
+// flag whose member is misspelt, is refused (before, it was ignored).
+struct sampler_ranks_without_flag : bare_strategy<> {
+  int sampler_replicas() { return 1; }
+  int sampler_rank() { return 0; }
+};
+void case_sampler_ranks_without_flag() { loom::Fabric<loom::cpu, sampler_ranks_without_flag, loom::fp32> fabric; }
+struct launch_misspelt : bare_strategy<> {
+  static constexpr bool launches_processes = true;
+  void lanch() {}
+  bool is_forked_child() const { return false; }
+};
+void case_launch_misspelt() { loom::Fabric<loom::cpu, launch_misspelt, loom::fp32> fabric; }
+struct forward_replicas_without_flag : bare_strategy<> {
+  template <class Impl, class Body, class... Args>
+  at::Tensor forward_replicas(models::empty_state& /*state*/, Impl& module, Body&& body, const Args&... arguments) {
+    return body(module, arguments...);
+  }
+};
+void case_forward_replicas_without_flag() { loom::Fabric<loom::cpu, forward_replicas_without_flag, loom::fp32> fabric; }

@@ -318,6 +318,7 @@ int main(int argc, char** argv) {
       laws::require_multi_rank(fabric, "the DDP laws");
       if (fabric.world_size() < 2) ++failures;  // this worker counts its own failures
       law_equivalence(fabric);
+      laws::law_gradient_norm(fabric, [] { return make_net(); }, "DDP");
       law_accumulation(fabric);
       law_unused(fabric);
       law_options(fabric);

@@ -35,6 +35,7 @@ void law_strategies(const std::vector<loom::sharding_strategy>& strategies) {
   for (auto strategy : strategies) {
     fsdp_fabric fabric({}, loom::fsdp(loom::fsdp_options{.strategy = strategy}));
     laws::law_equivalence(fabric, make_net, std::string(loom::to_string(strategy)).c_str());
+    laws::law_gradient_norm(fabric, make_net, std::string(loom::to_string(strategy)).c_str());
   }
 }
 

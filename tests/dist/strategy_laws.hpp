@@ -12,9 +12,11 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adam.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <map>
 #include <type_traits>
 #include <string>
@@ -194,6 +196,94 @@ equivalence_result law_equivalence(F& fabric, Make&& make, const char* what, int
     std::fflush(stdout);
   }
   return result;
+}
+
+// Which rows of the global batch this rank trains on: the data-parallel
+// rank among `size` (every rank of a tensor-parallel group sees the same rows).
+struct batch_split {
+  int rank = 0;
+  int size = 1;
+  at::Tensor rows(const at::Tensor& global) const {
+    const int64_t local = global.size(0) / size;
+    return global.narrow(0, rank * local, local);
+  }
+};
+template <class F>
+batch_split data_parallel_split(F& fabric) {
+  return {fabric.global_rank(), fabric.world_size()};
+}
+
+// What single_device's clip_gradients throws for these options on gradients
+// that hold a NaN: torch::nn::utils::clip_grad_norm_'s c10::Error.
+inline std::string single_device_nonfinite_error(const std::vector<at::Tensor>& parameters, double norm_type) {
+  try {
+    torch::nn::utils::clip_grad_norm_(parameters, 1.0, norm_type, /*error_if_nonfinite=*/true);
+  } catch (const c10::Error& error) {
+    return error.what_without_backtrace();
+  }
+  return "(no error)";
+}
+
+// Law: clip_gradients' norm of each order (1, 2, infinity) is single_device's,
+// and a non-finite norm fails as single_device's does: torch's c10::Error and
+// message on every rank (the NaN is in the last rank's rows only), or, with
+// error_if_nonfinite = false, a NaN norm returned. make_reference() builds the
+// same model for one process (make() may build a parallelized one).
+template <class F, class Make, class MakeReference>
+void law_gradient_norm(F& fabric, Make&& make, MakeReference&& make_reference, const char* what,
+                       batch_split split, double norm_rtol = 1e-5) {
+  require_multi_rank(fabric, what);
+  auto net = make();
+  auto reference = make_reference();
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
+  auto [model, optimizer] = fabric.setup(net, adam);
+  auto backward = [&](bool poisoned) {
+    at::Tensor x = global_inputs(0);
+    if (poisoned) x.narrow(0, global_batch - 1, 1).fill_(std::numeric_limits<float>::quiet_NaN());
+    const at::Tensor y = global_targets(0);
+    optimizer.zero_grad();
+    fabric.backward(torch::nn::functional::cross_entropy(model(split.rows(x)), split.rows(y)));
+    for (auto& p : reference->parameters()) p.mutable_grad() = at::Tensor();
+    torch::nn::functional::cross_entropy(reference->forward(x), y).backward();
+  };
+  const double infinity = std::numeric_limits<double>::infinity();
+  backward(false);
+  double worst = 0;
+  for (double order : {1.0, 2.0, infinity}) {
+    // A limit no norm reaches: the gradients stay as they are for the next order.
+    const auto norm = fabric.clip_gradients(model, optimizer, loom::clip_options{.max_norm = 1e30, .norm_type = order});
+    const double expected = torch::nn::utils::clip_grad_norm_(reference->parameters(), 1e30, order);
+    worst = std::max(worst, std::abs(norm.value_or(-1) - expected) / expected);
+    LAW_EXPECT(norm && std::abs(*norm - expected) <= norm_rtol * expected, "%s: the norm of order %g is %.9g, single "
+               "device %.9g", what, order, norm.value_or(-1), expected);
+  }
+  backward(true);
+  for (double order : {2.0, infinity}) {
+    const std::string expected = single_device_nonfinite_error(reference->parameters(), order);
+    std::string got = "(no error)";
+    try {
+      (void)fabric.clip_gradients(model, optimizer, loom::clip_options{.max_norm = 1.0, .norm_type = order});
+    } catch (const c10::Error& error) {
+      got = error.what_without_backtrace();
+    } catch (const std::exception& error) {
+      got = std::string("not a c10::Error: ") + error.what();
+    }
+    LAW_EXPECT(got == expected, "%s: a non-finite norm of order %g raised \"%s\"; single device raises \"%s\"", what,
+               order, got.c_str(), expected.c_str());
+  }
+  const auto unchecked = fabric.clip_gradients(model, optimizer,
+                                               loom::clip_options{.max_norm = 1.0, .error_if_nonfinite = false});
+  LAW_EXPECT(unchecked && std::isnan(*unchecked), "%s: with error_if_nonfinite false the norm is %.9g, not NaN", what,
+             unchecked.value_or(0));
+  if (fabric.global_rank() == 0) {
+    std::printf("law (gradient norm) %s: orders 1, 2, inf within %.3g of single device (relative); a NaN "
+                "gradient raises single_device's error\n", what, worst);
+    std::fflush(stdout);
+  }
+}
+template <class F, class Make>
+void law_gradient_norm(F& fabric, Make&& make, const char* what) {
+  law_gradient_norm(fabric, make, make, what, data_parallel_split(fabric));
 }
 
 }  // namespace laws

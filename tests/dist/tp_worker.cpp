@@ -188,6 +188,7 @@ int run_mlp() {
   trained = std::max(trained, max_difference(net->down->bias, reference->down->bias));
   trained = std::max(trained, max_difference(net->head->weight, reference->head->weight));
   LAW_EXPECT(trained < 2e-5, "after 20 Adam steps the weights differ by %.3g", trained);
+  laws::law_gradient_norm(fabric, seeded<Mlp>, seeded<ReferenceMlp>, "tp mlp", laws::batch_split{0, 1});
   const bool everyone = fabric.reduce_boolean_decision(laws::failures == 0, /*all=*/true);
   if (r == 0) {
     std::printf("law (tp): column-then-row MLP, tensor_parallel=%d: max |tp - single| after 20 Adam steps = %.3g\n",
@@ -373,6 +374,7 @@ int run_mesh() {
   const at::Tensor out = model(probe);
   const double difference = max_difference(out, reference->forward(probe));
   LAW_EXPECT(difference < 2e-5, "2 x 2 mesh: outputs after 20 Adam steps differ by %.3g", difference);
+  laws::law_gradient_norm(fabric, seeded<Mlp>, seeded<ReferenceMlp>, "tp 2 x 2 mesh", laws::batch_split{dp, 2});
   const bool everyone = fabric.reduce_boolean_decision(laws::failures == 0, /*all=*/true);
   if (r == 0) {
     std::printf("law (tp): 2 x 2 mesh (data parallel 2 with FSDP x tensor parallel 2), batch %lld per data-parallel "

@@ -51,6 +51,7 @@ void law_stages() {
   for (int s : {1, 2, 3}) {
     zero_fabric fabric({}, stage(s));
     laws::law_equivalence(fabric, make_net, ("ZeRO stage " + std::to_string(s)).c_str());
+    laws::law_gradient_norm(fabric, make_net, ("ZeRO stage " + std::to_string(s)).c_str());
   }
   {
     zero_fabric fabric({}, stage(3));

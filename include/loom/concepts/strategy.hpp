@@ -110,6 +110,22 @@ inline constexpr bool scales_own_loss = [] {
   else return false;
 }();
 
+// Whether the strategy starts or joins processes: Fabric.launch() calls its
+// launch(), and is_forked_child() says whether this process was forked by it.
+template <class S>
+inline constexpr bool launches_processes = [] {
+  if constexpr (requires { S::launches_processes; }) return bool(S::launches_processes);
+  else return false;
+}();
+
+// Whether the strategy says who a distributed sampler deals batches to
+// (sampler_replicas(), sampler_rank()); otherwise the world and the global rank.
+template <class S>
+inline constexpr bool sets_sampler_ranks = [] {
+  if constexpr (requires { S::sets_sampler_ranks; }) return bool(S::sets_sampler_ranks);
+  else return false;
+}();
+
 // Whether the module and its optimizers must be set up together (ZeRO).
 template <class S>
 inline constexpr bool needs_joint_setup = [] {
@@ -131,12 +147,53 @@ struct forward_archetype {
   at::Tensor operator()() const;
 };
 
+// Whether S has a member of this name, of any kind (a template too): the
+// name is ambiguous between S and a base that declares it. The optional
+// members are opt-in by a flag; a member without its flag (or a flag whose
+// member is misspelt) is refused instead of being ignored.
+#define LOOM_DETAIL_MEMBER_NAMED(member)                                   \
+  struct declares_##member {                                               \
+    int member;                                                            \
+  };                                                                       \
+  template <class S>                                                       \
+  struct with_##member : S, declares_##member {};                          \
+  template <class S>                                                       \
+  concept has_member_##member = !requires { &with_##member<S>::member; };
+LOOM_DETAIL_MEMBER_NAMED(launch)
+LOOM_DETAIL_MEMBER_NAMED(is_forked_child)
+LOOM_DETAIL_MEMBER_NAMED(sampler_rank)
+LOOM_DETAIL_MEMBER_NAMED(sampler_replicas)
+LOOM_DETAIL_MEMBER_NAMED(forward_replicas)
+#undef LOOM_DETAIL_MEMBER_NAMED
+
 namespace strategy_members {
 // Layer 1: processes and ranks.
 template <class S>
 concept name = requires {
   { S::name } -> std::convertible_to<std::string_view>;
 };
+// Opt-in (launches_processes): both, exactly.
+template <class S>
+concept launch = requires(S& strategy, const S& constant) {
+  strategy.launch();
+  { constant.is_forked_child() } -> std::convertible_to<bool>;
+};
+template <class S>
+concept launch_agrees =
+    (launches_processes<S> ? launch<S> : !(has_member_launch<S> || has_member_is_forked_child<S>));
+// Opt-in (sets_sampler_ranks): both, exactly.
+template <class S>
+concept sampler_ranks = requires(S& strategy) {
+  { strategy.sampler_replicas() } -> std::convertible_to<int>;
+  { strategy.sampler_rank() } -> std::convertible_to<int>;
+};
+template <class S>
+concept sampler_ranks_agree =
+    (sets_sampler_ranks<S> ? sampler_ranks<S> : !(has_member_sampler_rank<S> || has_member_sampler_replicas<S>));
+// Opt-in (replicates_forward): forward_replicas is a template over the
+// module and the body, so only its presence is checked here.
+template <class S>
+concept forward_replicas_agrees = (replicates_forward<S> == has_member_forward_replicas<S>);
 template <class S>
 concept setup_environment = requires(S& strategy, const strategy_environment& environment) {
   strategy.setup_environment(environment);
@@ -180,7 +237,9 @@ concept optimizer_step = requires(S& strategy, precision_archetype& precision, t
   strategy.optimizer_step(precision, optimizer, optimizer_slot{});
 };
 template <class S>
-concept zero_grad = requires(S& strategy, torch::optim::Optimizer& optimizer) { strategy.zero_grad(optimizer); };
+concept zero_grad = requires(S& strategy, torch::optim::Optimizer& optimizer, bool set_to_none) {
+  strategy.zero_grad(optimizer, set_to_none);
+};
 template <class S>
 concept clip_gradients = requires(S& strategy, typename S::module_state& state, torch::nn::Module& module,
                                   const clip_options& options) {
@@ -236,13 +295,15 @@ concept reduce_boolean_decision = requires(S& strategy) {
 template <class S>
 concept StrategyProcesses = detail::tagged_as<S, strategy_tag> && detail::strategy_members::name<S> &&
                             detail::strategy_members::setup_environment<S> && detail::strategy_members::ranks<S> &&
-                            detail::strategy_members::barrier<S>;
+                            detail::strategy_members::barrier<S> && detail::strategy_members::launch_agrees<S> &&
+                            detail::strategy_members::sampler_ranks_agree<S>;
 
 // Modules: per-module state, setup (jointly with the optimizers where the
 // strategy needs it), and the forward the strategy wraps.
 template <class S>
 concept StrategyModules = StrategyProcesses<S> && detail::strategy_members::module_state<S> &&
                           detail::strategy_members::setup_module<S> && detail::strategy_members::forward<S> &&
+                          detail::strategy_members::forward_replicas_agrees<S> &&
                           (!needs_joint_setup<S> || detail::strategy_members::joint_setup<S>);
 
 // The training step: backward, optimizer step, zero_grad, clip_gradients
@@ -307,6 +368,26 @@ constexpr bool diagnose_strategy() {
                   "loom::Fabric<A, S, P>: strategy S needs `void barrier()`; inherit loom::strategy_base for the "
                   "single-process default (nothing to wait for).");
     return false;
+  } else if constexpr (launches_processes<S> && !m::launch<S>) {
+    static_assert(detail::dependent_false<S>,
+                  "loom::Fabric<A, S, P>: strategy S says launches_processes, so it needs `void launch()` and `bool "
+                  "is_forked_child() const`; inherit loom::parallel for them.");
+    return false;
+  } else if constexpr (!m::launch_agrees<S>) {
+    static_assert(detail::dependent_false<S>,
+                  "loom::Fabric<A, S, P>: strategy S has launch() or is_forked_child() but does not say "
+                  "`static constexpr bool launches_processes = true;`, so Fabric would never call them.");
+    return false;
+  } else if constexpr (sets_sampler_ranks<S> && !m::sampler_ranks<S>) {
+    static_assert(detail::dependent_false<S>,
+                  "loom::Fabric<A, S, P>: strategy S says sets_sampler_ranks, so it needs `int sampler_replicas()` "
+                  "and `int sampler_rank()` (who a distributed sampler deals batches to).");
+    return false;
+  } else if constexpr (!m::sampler_ranks_agree<S>) {
+    static_assert(detail::dependent_false<S>,
+                  "loom::Fabric<A, S, P>: strategy S has sampler_replicas() or sampler_rank() but does not say "
+                  "`static constexpr bool sets_sampler_ranks = true;`, so samplers would deal over the world.");
+    return false;
     // -- layer 2: modules
   } else if constexpr (!m::module_state<S>) {
     static_assert(detail::dependent_false<S>,
@@ -330,6 +411,12 @@ constexpr bool diagnose_strategy() {
                   "forward(module_state&, torch::nn::Module&, F&& run)` returning run()'s result; inherit "
                   "loom::strategy_base for the default (just run it).");
     return false;
+  } else if constexpr (!m::forward_replicas_agrees<S>) {
+    static_assert(detail::dependent_false<S>,
+                  "loom::Fabric<A, S, P>: strategy S's forward_replicas and its flag disagree: say `static "
+                  "constexpr bool replicates_forward = true;` together with `forward_replicas(module_state&, Impl&, "
+                  "Body&&, const Args&...)`, or neither.");
+    return false;
     // -- layer 3: the training step
   } else if constexpr (!m::backward<S>) {
     static_assert(detail::dependent_false<S>,
@@ -344,8 +431,8 @@ constexpr bool diagnose_strategy() {
     return false;
   } else if constexpr (!m::zero_grad<S>) {
     static_assert(detail::dependent_false<S>,
-                  "loom::Fabric<A, S, P>: strategy S needs `void zero_grad(torch::optim::Optimizer&)`; inherit "
-                  "loom::strategy_base for the default (the optimizer's own zero_grad).");
+                  "loom::Fabric<A, S, P>: strategy S needs `void zero_grad(torch::optim::Optimizer&, bool set_to_none)`; "
+                  "inherit loom::strategy_base for the default (the optimizer's own zero_grad).");
     return false;
   } else if constexpr (!m::clip_gradients<S>) {
     static_assert(detail::dependent_false<S>,

@@ -56,7 +56,7 @@ class erased_stepper {
  public:
   explicit erased_stepper(fabric_interface& fabric) noexcept : fabric_(&fabric) {}
   void step(torch::optim::Optimizer& optimizer, optimizer_slot slot) { fabric_->optimizer_step(optimizer, slot); }
-  void zero_grad(torch::optim::Optimizer& optimizer) { fabric_->zero_grad(optimizer); }
+  void zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none) { fabric_->zero_grad(optimizer, set_to_none); }
 
  private:
   fabric_interface* fabric_;

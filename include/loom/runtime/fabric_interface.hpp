@@ -128,7 +128,7 @@ class fabric_interface {
   // A new optimizer slot (the grad scaler keeps per-optimizer state by slot).
   virtual optimizer_slot next_optimizer_slot(torch::optim::Optimizer& optimizer) = 0;
   virtual void optimizer_step(torch::optim::Optimizer& optimizer, optimizer_slot slot) = 0;
-  virtual void zero_grad(torch::optim::Optimizer& optimizer) = 0;
+  virtual void zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none) = 0;
   virtual void unscale_gradients(torch::optim::Optimizer& optimizer, optimizer_slot slot) = 0;
   virtual void backward(const at::Tensor& loss) = 0;
 

@@ -62,7 +62,9 @@ class fabric_model final : public fabric_interface {
   void optimizer_step(torch::optim::Optimizer& optimizer, optimizer_slot slot) override {
     backend().stepper().step(optimizer, slot);
   }
-  void zero_grad(torch::optim::Optimizer& optimizer) override { backend().stepper().zero_grad(optimizer); }
+  void zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none) override {
+    backend().stepper().zero_grad(optimizer, set_to_none);
+  }
   void unscale_gradients(torch::optim::Optimizer& optimizer, optimizer_slot slot) override {
     backend().unscale_gradients(optimizer, slot);
   }

@@ -99,11 +99,12 @@ struct ddp : parallel {
     return ddp_no_sync_guard(*engine, enabled);
   }
 
-  // With gradient_as_bucket_view, gradients are views into the buckets:
-  // LibTorch 1.13's zero_grad would detach them (and abort); zero in place.
-  void zero_grad(torch::optim::Optimizer& optimizer) {
-    if (options_.gradient_as_bucket_view) compat::zero_grad(optimizer, /*set_to_none=*/false);
-    else optimizer.zero_grad();
+  // With gradient_as_bucket_view, gradients are views into the buckets and
+  // are zeroed in place even when set_to_none is asked: dropped, the next
+  // backward would not write into the buckets (and 1.13 aborts). Every
+  // parameter DDP reduces has a gradient after each backward anyway.
+  void zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none) {
+    compat::zero_grad(optimizer, set_to_none && !options_.gradient_as_bucket_view);
   }
 
   const ddp_options& options() const noexcept { return options_; }

@@ -12,6 +12,7 @@
 #include <loom/errors.hpp>
 #include <loom/strategy/deepspeed_options.hpp>
 #include <loom/strategy/fsdp.hpp>
+#include <loom/strategy/gradient_norm.hpp>
 #include <loom/strategy/nvme_stream.hpp>
 #include <loom/strategy/zero_config.hpp>
 #include <loom/strategy/zero_loss_scaler.hpp>
@@ -207,8 +208,8 @@ struct deepspeed : fsdp {
 
   // Acts right after a boundary step only (between micro-batches the
   // gradients are still accumulating).
-  void zero_grad(torch::optim::Optimizer& optimizer) {
-    if (micro_steps_ % config_.gradient_accumulation_steps == 0) fsdp::zero_grad(optimizer);
+  void zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none) {
+    if (micro_steps_ % config_.gradient_accumulation_steps == 0) fsdp::zero_grad(optimizer, set_to_none);
   }
 
   // Lightning raises here; loom clips (the norm over every partition) unless
@@ -224,6 +225,11 @@ struct deepspeed : fsdp {
   }
 
   fsdp_no_sync_guard no_backward_sync(module_state& engine, bool enabled = true) {
+    if (enabled && (config_.offload_optimizer.device != offload_device::none ||
+                    config_.offload_param.device != offload_device::none)) {
+      throw configuration_error(std::string("no_backward_sync: strategy 'deepspeed' with offloading: ") +
+                                detail::offload_refusal_reason);
+    }
     if (enabled && config_.gradient_accumulation_steps > 1) {
       throw configuration_error("deepspeed: no_backward_sync with gradient_accumulation_steps = " +
                                 std::to_string(config_.gradient_accumulation_steps) +
@@ -615,26 +621,16 @@ struct deepspeed : fsdp {
   void clip_masters(double max_norm) {
     std::vector<at::Tensor> gradients;
     for (auto& m : masters_) gradients.push_back(m.param.grad());
-    const double coefficient = clip_coefficient(gradients, max_norm);
-    if (coefficient >= 1.0) return;
-    for (auto& m : masters_) {
-      if (m.param.grad().defined()) m.param.mutable_grad().mul_(coefficient);
-    }
+    detail::scale_gradients(gradients, clip_coefficient(gradients, max_norm));
   }
-  // DeepSpeed's clipping coefficient from every rank's gradient partitions
-  // (summed in double, in parameter order); 1 when nothing is clipped.
+  // The config's gradient_clipping (DeepSpeed's: the 2-norm) over every
+  // rank's gradient partitions; 1 when nothing is clipped.
   double clip_coefficient(const std::vector<at::Tensor>& gradients, double max_norm) {
-    // Summed on the group's device (what NCCL reduces); each part where its
-    // gradient lives (the CPU, when the optimizer is offloaded).
-    const bool reduce = config_.stage > 0 && world_size() > 1;
-    const c10::Device on = reduce ? group().device() : c10::Device(c10::DeviceType::CPU);
-    at::Tensor total = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(on));
-    for (const auto& gradient : gradients) {
-      if (gradient.defined()) total += gradient.to(at::kDouble).pow(2).sum().to(on);
-    }
-    if (reduce) group().all_reduce(total, reduce_op::sum);
-    const double coefficient = max_norm / (std::sqrt(total.item<double>()) + 1e-6);
-    return coefficient < 1.0 ? coefficient : 1.0;
+    const bool partitioned = config_.stage > 0 && world_size() > 1;
+    detail::gradient_norm norm(2.0, partitioned ? group().device() : c10::Device(c10::DeviceType::CPU));
+    for (const auto& gradient : gradients) norm.add(gradient);
+    if (partitioned) norm.reduce_over(group());
+    return detail::clip_coefficient(norm.value(), clip_options{.max_norm = max_norm});
   }
 
  protected:
@@ -702,9 +698,12 @@ struct deepspeed : fsdp {
 };
 
 // Lightning's registered presets (DeepSpeedStrategy.register_strategies).
+// The offload presets refuse no_backward_sync at compile time, as
+// fsdp_cpu_offload does (deepspeed with offload options, at run time).
 #define LOOM_DEEPSPEED_PRESET(type, stage, offload_optimizer, offload_parameters, nvme)                      \
   struct type : deepspeed {                                                                                 \
     static constexpr std::string_view name = #type;                                                         \
+    static constexpr bool supports_no_backward_sync = !(offload_optimizer || offload_parameters);           \
     type() : type(deepspeed_options{}) {}                                                                   \
     explicit type(deepspeed_options options)                                                                \
         : deepspeed(preset(std::move(options), stage, offload_optimizer, offload_parameters, nvme)) {}      \

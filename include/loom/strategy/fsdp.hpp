@@ -61,10 +61,16 @@ struct fsdp : parallel {
   }
 
   fsdp_no_sync_guard no_backward_sync(module_state& engine, bool enabled = true) {
+    if (enabled && engine->cpu_offload()) {
+      throw configuration_error(std::string("no_backward_sync: strategy 'fsdp' with cpu_offload: ") +
+                                detail::offload_refusal_reason);
+    }
     return fsdp_no_sync_guard(*engine, enabled);
   }
 
-  void zero_grad(torch::optim::Optimizer& optimizer) { detail::zero_grad_to_none(optimizer); }
+  // Always to none: the engine writes each reduced shard into a gradient
+  // that is none, and adds into one that is defined (no_backward_sync).
+  void zero_grad(torch::optim::Optimizer& optimizer, bool /*set_to_none*/) { detail::zero_grad_to_none(optimizer); }
 
   // The norm over every rank's gradient shards: the single-device norm.
   template <class State>

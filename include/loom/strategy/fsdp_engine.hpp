@@ -124,6 +124,7 @@ class fsdp_engine {
   const fsdp_counters& counters() const noexcept;
   int shard_size() const noexcept;
   int replicate_size() const noexcept;
+  bool cpu_offload() const noexcept;  // the shards live on the CPU between uses
   // Bytes of the flat shards this rank keeps (parameters), and of everything
   // the engine holds between steps (shards, gradient shards, caches).
   std::int64_t parameter_shard_bytes() const;
@@ -162,6 +163,12 @@ void with_full_engines(const std::vector<std::weak_ptr<fsdp_engine>>& engines,
 // optimizer whose state loom cannot slice.
 shard_layout sharded_save_layout(const state& checkpoint, const std::vector<std::weak_ptr<fsdp_engine>>& engines,
                                  std::string_view strategy);
+
+// Why no_backward_sync is refused with offloading (fsdp_cpu_offload and the
+// deepspeed offload presets at compile time; the options at run time).
+inline constexpr const char* offload_refusal_reason =
+    "skipped reductions would keep every unit's unsharded gradient on the device, which offloading is there to "
+    "free. Accumulate without it (each micro-batch's backward then reduces), or turn offloading off.";
 
 // Gradients set to none (torch 2.x's default): the engine's next reduction
 // writes the shard instead of adding to it.

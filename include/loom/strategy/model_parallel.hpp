@@ -108,6 +108,7 @@ struct model_parallel : parallel {
   }
 
   // Samplers read the data-parallel coordinate.
+  static constexpr bool sets_sampler_ranks = true;
   int sampler_replicas() { return device_mesh().size("data_parallel"); }
   int sampler_rank() { return device_mesh().coordinate("data_parallel"); }
 
@@ -147,7 +148,8 @@ struct model_parallel : parallel {
   };
   no_sync no_backward_sync(module_state& engine, bool enabled = true) { return no_sync(engine.get(), enabled); }
 
-  void zero_grad(torch::optim::Optimizer& optimizer) { detail::zero_grad_to_none(optimizer); }
+  // Always to none, as fsdp (its engine may run on the data-parallel dimension).
+  void zero_grad(torch::optim::Optimizer& optimizer, bool /*set_to_none*/) { detail::zero_grad_to_none(optimizer); }
 
   template <class State>
   std::optional<double> clip_gradients(State& engine, torch::nn::Module& module, const clip_options& options) {

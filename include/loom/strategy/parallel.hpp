@@ -18,6 +18,7 @@ struct parallel : strategy_base {
   static constexpr bool needs_distributed_sampler = true;
   // Nothing is synchronised, so there is nothing to skip: the guard is empty.
   static constexpr bool supports_no_backward_sync = true;
+  static constexpr bool launches_processes = true;  // launch(), is_forked_child()
 
   parallel() = default;
   explicit parallel(parallel_options options) : options_(options) {}

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <loom/checkpoint/io.hpp>
+#include <loom/compat.hpp>
 #include <loom/checkpoint/state.hpp>
 #include <loom/comm/reduce_op.hpp>
 #include <loom/concepts.hpp>
@@ -74,8 +75,8 @@ struct strategy_base {
     precision.backward(loss);
   }
 
-  // LibTorch's own zero_grad; DDP with gradient_as_bucket_view zeroes in place.
-  void zero_grad(torch::optim::Optimizer& optimizer) { optimizer.zero_grad(); }
+  // As asked (optimizer.zero_grad(set_to_none) on every LibTorch version).
+  void zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none) { compat::zero_grad(optimizer, set_to_none); }
 
   template <class P>
   void optimizer_step(P& precision, torch::optim::Optimizer& optimizer, optimizer_slot slot) {

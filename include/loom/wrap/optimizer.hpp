@@ -14,7 +14,7 @@
 namespace loom {
 
 // Stepper: void step(torch::optim::Optimizer&, optimizer_slot);
-//          void zero_grad(torch::optim::Optimizer&);
+//          void zero_grad(torch::optim::Optimizer&, bool set_to_none);
 template <class O, class Stepper>
   requires std::derived_from<O, torch::optim::Optimizer>
 class wrapped_optimizer {
@@ -26,11 +26,11 @@ class wrapped_optimizer {
 
   void step() { stepper_.step(*optimizer_, slot_); }
 
-  // LibTorch's own zero_grad (1.13: zero in place; 2.x: set to none), unless
-  // the strategy needs otherwise (DDP's gradient bucket views).
-  void zero_grad() { stepper_.zero_grad(*optimizer_); }
-  // The behaviour asked for, on every LibTorch version.
-  void zero_grad(bool set_to_none) { compat::zero_grad(*optimizer_, set_to_none); }
+  // Both go through the strategy, which may keep gradients (DeepSpeed between
+  // accumulation boundaries) or zero them its own way (DDP's bucket views).
+  // LibTorch's default: zero in place on 1.13, set to none on 2.x.
+  void zero_grad() { stepper_.zero_grad(*optimizer_, compat::zero_grad_sets_to_none); }
+  void zero_grad(bool set_to_none) { stepper_.zero_grad(*optimizer_, set_to_none); }
 
   O& optimizer() noexcept { return *optimizer_; }
   const O& optimizer() const noexcept { return *optimizer_; }

@@ -64,7 +64,7 @@ class strategy_stepper {
   void step(torch::optim::Optimizer& optimizer, optimizer_slot slot) {
     strategy_->optimizer_step(*precision_, optimizer, slot);
   }
-  void zero_grad(torch::optim::Optimizer& optimizer) { strategy_->zero_grad(optimizer); }
+  void zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none) { strategy_->zero_grad(optimizer, set_to_none); }
 
  private:
   Strategy* strategy_;
