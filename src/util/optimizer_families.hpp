@@ -122,7 +122,8 @@ bool with_family(torch::optim::Optimizer& optimizer, Visit&& visit) {
 
 // Calls visit(parameter, field, tensor) for every per-parameter state tensor
 // (exp_avg, momentum_buffer, ...), which visit may replace (sharded
-// strategies gather and slice them). False when the optimizer's family is
+// strategies gather and slice them), once per state even when the
+// optimizer lists a (tied) parameter twice. False when the optimizer's family is
 // not known (its state is then not visited).
 bool for_each_state_tensor(torch::optim::Optimizer& optimizer,
                            const std::function<void(const at::Tensor& parameter, std::string_view field,
