@@ -420,8 +420,10 @@ TEST_CASE("deepspeed: bad configs name the key, the value and what is accepted",
 }
 
 // optimizer.zero_grad(set_to_none) went to LibTorch directly, past the
-// strategy: between DeepSpeed's accumulation boundaries it dropped the
-// micro-batches' gradients that zero_grad() keeps.
+// strategy (which decides when and how gradients are zeroed: DeepSpeed on
+// its accumulation boundary). Both spellings must train as zero_grad() does.
+// (On 1.13 the old path gave the same numbers here: the engine accumulates
+// micro-batches in its own buffers.)
 TEST_CASE("zero_grad(set_to_none) goes through the strategy: DeepSpeed keeps gradients between boundaries",
           "[runtime][zero]") {
   // Two micro-batches of one optimizer step, zeroing before each as the user does.

@@ -79,12 +79,11 @@ inline void set_autocast_dtype(c10::DeviceType device, c10::ScalarType dtype) {
 // to none on 2.x.
 inline constexpr bool zero_grad_sets_to_none = LOOM_TORCH_VERSION_AT_LEAST(2, 0);
 
-// 1.13's Optimizer::zero_grad() zeroes in place; 2.x takes set_to_none and
-// defaults to dropping the gradients. loom asks for the behaviour explicitly.
+// Optimizer::zero_grad's two behaviours, the same on every version: LibTorch's
+// own calls detach_() on each gradient (1.13 always, 2.x whenever it is
+// defined), which a gradient that is a view of a DDP bucket refuses; here
+// the gradient is zeroed in place, or dropped.
 inline void zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none) {
-#if LOOM_TORCH_VERSION_AT_LEAST(2, 0)
-  optimizer.zero_grad(set_to_none);
-#else
   for (auto& group : optimizer.param_groups()) {
     for (auto& param : group.params()) {
       auto& grad = param.mutable_grad();
@@ -93,14 +92,11 @@ inline void zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none) {
         grad.reset();
         continue;
       }
-      // In place, so gradients that are views of communication buckets stay
-      // views (1.13's own zero_grad calls detach_(), which views refuse).
       at::NoGradGuard no_grad;
       if (grad.grad_fn()) grad = grad.detach();
       grad.zero_();
     }
   }
-#endif
 }
 
 // The key of a parameter in Optimizer::state(): a string of the TensorImpl

@@ -229,7 +229,8 @@ void law_unused(ddp_fabric& fabric) {
 // end of backward), buffers broadcast, and Gloo's ring instead of loom's
 // two-rank exchange.
 void law_options(ddp_fabric& /*unused*/) {
-  auto train = [](loom::ddp_options options) {
+  // zero: how the loop zeroes (0: zero_grad(), 1: zero_grad(true), 2: zero_grad(false)).
+  auto train = [](loom::ddp_options options, int zero = 0) {
     ddp_fabric fabric({}, loom::ddp(options));
     auto net = make_net();
     torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
@@ -237,7 +238,8 @@ void law_options(ddp_fabric& /*unused*/) {
     const int r = fabric.global_rank();
     const int64_t local = global_batch / fabric.world_size();
     for (int step = 0; step < 6; ++step) {
-      optimizer.zero_grad();
+      if (zero == 0) optimizer.zero_grad();
+      else optimizer.zero_grad(zero == 1);
       auto loss = torch::nn::functional::cross_entropy(model(global_inputs(step).narrow(0, r * local, local)),
                                                        global_targets(step).narrow(0, r * local, local));
       fabric.backward(loss);
@@ -251,6 +253,13 @@ void law_options(ddp_fabric& /*unused*/) {
   const auto views = train({.gradient_as_bucket_view = true});
   const auto static_graph = train({.static_graph = true});
   const auto ring = train({.pairwise_exchange = false});
+  // zero_grad(set_to_none) goes through the strategy: the bucket views are
+  // zeroed in place (dropped, as LibTorch's zero_grad(true) did, ...).
+  const auto views_to_none = train({.gradient_as_bucket_view = true}, 1);
+  const auto views_in_place = train({.gradient_as_bucket_view = true}, 2);
+  EXPECT(torch::equal(views_to_none, views) && torch::equal(views_in_place, views),
+         "gradient_as_bucket_view: zero_grad(true) and zero_grad(false) differ from zero_grad() by %.3g and %.3g",
+         (views_to_none - views).abs().max().item<double>(), (views_in_place - views).abs().max().item<double>());
   EXPECT(torch::allclose(views, reference, 1e-5, 1e-6), "gradient_as_bucket_view changes training");
   EXPECT(torch::allclose(static_graph, reference, 1e-5, 1e-6), "static_graph changes training");
   EXPECT(torch::allclose(ring, reference, 1e-5, 1e-6), "the ring all-reduce and the exchange disagree");

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <fstream>
 #include <string>
 #include <utility>
@@ -83,7 +84,10 @@ void law_stages() {
 // clipping to the same norm, 20 Adam steps. Every rank holds the same
 // parameters after each boundary. The tolerance is the shared one: the same
 // terms are summed in another order (per micro-batch, then across ranks).
-void law_accumulation_from_json(int s, bool through_environment) {
+// set_to_none: the user zeroes with optimizer.zero_grad(set_to_none), which
+// must keep the micro-batches' gradients as zero_grad() does (it went past
+// the strategy before, straight to LibTorch).
+void law_accumulation_from_json(int s, bool through_environment, std::optional<bool> set_to_none = std::nullopt) {
   constexpr int k = 4;
   constexpr int steps = 20;
   constexpr double max_norm = 1.0;
@@ -122,7 +126,8 @@ void law_accumulation_from_json(int s, bool through_environment) {
     const auto x = global_inputs(step);
     const auto y = global_targets(step);
     for (int m = 0; m < k; ++m) {
-      optimizer.zero_grad();
+      if (set_to_none) optimizer.zero_grad(*set_to_none);
+      else optimizer.zero_grad();
       const int64_t begin = (m * world + r) * micro;
       fabric.backward(torch::nn::functional::cross_entropy(model(x.narrow(0, begin, micro)), y.narrow(0, begin, micro)));
       if (step == 0 && m == k - 1) {
@@ -160,10 +165,12 @@ void law_accumulation_from_json(int s, bool through_environment) {
              "stage %d: %llu reductions over %d steps of %zu units (%d micro-batches each): expected one per unit "
              "per step", s, static_cast<unsigned long long>(reductions), steps, units, k);
   if (r == 0) {
-    std::printf("law (accumulation, %s): stage %d, gradient_accumulation_steps %d and gradient_clipping %.1f from "
+    std::printf("law (accumulation, %s%s): stage %d, gradient_accumulation_steps %d and gradient_clipping %.1f from "
                 "JSON: max |zero - single| after %d Adam steps = %.3g (rtol %g, atol %g); %llu reductions for %d "
                 "micro-batches x %zu units; fabric.clip_gradients refused beside gradient_clipping\n",
-                through_environment ? "PL_DEEPSPEED_CONFIG_PATH" : "config path", s, k, max_norm, steps, difference,
+                through_environment ? "PL_DEEPSPEED_CONFIG_PATH" : "config path",
+                !set_to_none ? "" : *set_to_none ? ", zero_grad(true)" : ", zero_grad(false)", s, k, max_norm, steps,
+                difference,
                 allowed.rtol, allowed.atol, static_cast<unsigned long long>(reductions), steps * k, units);
     std::fflush(stdout);
   }
@@ -275,6 +282,137 @@ void law_bf16() {
     std::printf("law (bf16): stages 1, 2, 3 under bf16-mixed agree bit for bit; bf16 module, fp32 masters and Adam "
                 "state; max |zero - the recipe by hand on one process| after %d Adam steps = %.3g (required 0)\n",
                 steps, difference);
+    std::fflush(stdout);
+  }
+}
+
+// A GAN's two models, each with its own optimizer: the generator (Net,
+// 16 -> 4) and a discriminator over its output. Rank r's rows of each batch.
+struct CriticImpl : torch::nn::Module {
+  CriticImpl() : fc1(register_module("fc1", torch::nn::Linear(4, 8))), fc2(register_module("fc2", torch::nn::Linear(8, 2))) {}
+  at::Tensor forward(const at::Tensor& x) { return fc2(torch::tanh(fc1(x))); }
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(Critic);
+Critic make_critic() {
+  at::manual_seed(11);
+  return Critic();
+}
+
+// steps of: the critic on the generator's detached output, then the
+// generator through the critic. fabric_g and fabric_d may be one Fabric.
+// Returns both models' full parameters, the generator's first.
+template <class FG, class FD, class After>
+at::Tensor train_gan(FG& fabric_g, FD& fabric_d, int steps, After&& after) {
+  auto generator = make_net();
+  auto critic = make_critic();
+  torch::optim::Adam adam_g(generator->parameters(), torch::optim::AdamOptions(1e-2));
+  torch::optim::Adam adam_d(critic->parameters(), torch::optim::AdamOptions(1e-2));
+  auto [g, opt_g] = fabric_g.setup(generator, adam_g);
+  auto [d, opt_d] = fabric_d.setup(critic, adam_d);
+  const laws::batch_split split = laws::data_parallel_split(fabric_g);
+  for (int step = 0; step < steps; ++step) {
+    const at::Tensor x = split.rows(global_inputs(step));
+    const at::Tensor label = split.rows(global_targets(step)).remainder(2);
+    opt_d.zero_grad();
+    fabric_d.backward(torch::nn::functional::cross_entropy(d(g(x).detach()), label));
+    opt_d.step();
+    opt_g.zero_grad();
+    fabric_g.backward(torch::nn::functional::cross_entropy(d(g(x)), 1 - label));
+    opt_g.step();
+  }
+  LAW_EXPECT(fabric_g.strategy().micro_steps(opt_g.optimizer()) == steps &&
+                 fabric_d.strategy().micro_steps(opt_d.optimizer()) == steps,
+             "each model counts its own micro-steps: %ld and %ld after %d steps each",
+             static_cast<long>(fabric_g.strategy().micro_steps(opt_g.optimizer())),
+             static_cast<long>(fabric_d.strategy().micro_steps(opt_d.optimizer())), steps);
+  after(g, opt_g, d, opt_d);
+  return at::cat({laws::flat(laws::full_parameters(g, generator)), laws::flat(laws::full_parameters(d, critic))})
+      .to(at::kFloat);
+}
+template <class FG, class FD>
+at::Tensor train_gan(FG& fabric_g, FD& fabric_d, int steps) {
+  return train_gan(fabric_g, fabric_d, steps, [](auto&...) {});
+}
+
+// Two models on one Fabric keep their own engine state (micro-steps, fp32
+// masters, clipping): under bf16 with gradient_clipping the pair on one
+// Fabric equals each model on a Fabric of its own bit for bit (before, one
+// model's step clipped by the norm of both models' masters); in fp32 stage 2
+// it equals single_device. A second model where backward would need to know
+// the model (gradient_accumulation_steps > 1, fp16, NVMe) is refused.
+void law_two_models() {
+  constexpr int steps = 6;
+  using bf16_fabric = loom::Fabric<loom::cpu, loom::deepspeed, loom::bf16_mixed>;
+  const auto clipped = [] {
+    return loom::deepspeed(loom::deepspeed_options{
+        .config = R"({"zero_optimization": {"stage": 2}, "gradient_clipping": 0.05})"});
+  };
+  bf16_fabric one({}, clipped());
+  const at::Tensor together = train_gan(one, one, steps);
+  bf16_fabric for_g({}, clipped());
+  bf16_fabric for_d({}, clipped());
+  const at::Tensor apart = train_gan(for_g, for_d, steps);
+  const double bf16_difference = (together - apart).abs().max().item<double>();
+  LAW_EXPECT(bf16_difference == 0, "bf16, gradient_clipping: two models on one Fabric differ from one Fabric each "
+             "by %.3g", bf16_difference);
+
+  zero_fabric fp32({}, stage(2));
+  // Both in one sharded save: their parameters' names (fc1.weight, ...)
+  // would key each other's slices; refused, naming one.
+  std::string save_refusal = "(saved)";
+  const at::Tensor zero = train_gan(fp32, fp32, steps, [&](auto& g, auto& opt_g, auto& d, auto& opt_d) {
+    try {
+      fp32.save(test_dir() + "/two_models", {{"g", g}, {"opt_g", opt_g}, {"d", d}, {"opt_d", opt_d}});
+    } catch (const loom::configuration_error& error) {
+      save_refusal = error.what();
+    }
+  });
+  LAW_EXPECT(save_refusal.find("two modules in this checkpoint have a parameter named 'fc1.weight'") !=
+                 std::string::npos,
+             "a save of both models: %s", save_refusal.c_str());
+  const at::Tensor single = [&] {
+    // The same loop on the whole batch: one process.
+    auto generator = make_net();
+    auto critic = make_critic();
+    torch::optim::Adam adam_g(generator->parameters(), torch::optim::AdamOptions(1e-2));
+    torch::optim::Adam adam_d(critic->parameters(), torch::optim::AdamOptions(1e-2));
+    for (int step = 0; step < steps; ++step) {
+      const at::Tensor x = global_inputs(step);
+      const at::Tensor label = global_targets(step).remainder(2);
+      adam_d.zero_grad();
+      torch::nn::functional::cross_entropy(critic->forward(generator->forward(x).detach()), label).backward();
+      adam_d.step();
+      adam_g.zero_grad();
+      torch::nn::functional::cross_entropy(critic->forward(generator->forward(x)), 1 - label).backward();
+      adam_g.step();
+    }
+    return at::cat({laws::flat_of(generator), laws::flat_of(critic)});
+  }();
+  const double fp32_difference = (zero - single).abs().max().item<double>();
+  LAW_EXPECT(torch::allclose(zero, single, 1e-4, 2e-5), "fp32 stage 2: two models differ from single device by %.3g",
+             fp32_difference);
+
+  std::string refusal = "(accepted)";
+  try {
+    zero_fabric accumulating({}, loom::deepspeed(loom::deepspeed_options{
+                                     .config = R"({"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": 2})"}));
+    auto generator = make_net();
+    auto critic = make_critic();
+    torch::optim::Adam adam_g(generator->parameters()), adam_d(critic->parameters());
+    auto first = accumulating.setup(generator, adam_g);
+    auto second = accumulating.setup(critic, adam_d);
+  } catch (const loom::configuration_error& error) {
+    refusal = error.what();
+  }
+  LAW_EXPECT(refusal.find("a second model on one Fabric") != std::string::npos &&
+                 refusal.find("gradient_accumulation_steps = 2") != std::string::npos,
+             "a second model under gradient_accumulation_steps 2: %s", refusal.c_str());
+  if (laws::rank_for_messages == 0) {
+    std::printf("law (two models): a GAN's generator and critic on one Fabric, %d steps each: bf16 with "
+                "gradient_clipping 0.05 equals one Fabric per model (max diff %.3g, required 0); fp32 stage 2 "
+                "equals single device (max diff %.3g); a second model under accumulation is refused\n",
+                steps, bf16_difference, fp32_difference);
     std::fflush(stdout);
   }
 }
@@ -584,8 +722,11 @@ int main(int argc, char** argv) {
     if (scenario == "laws") {
       law_stages();
       for (int s : {1, 2, 3}) law_accumulation_from_json(s, /*through_environment=*/s == 3);
+      law_accumulation_from_json(2, false, /*set_to_none=*/true);
+      law_accumulation_from_json(3, false, /*set_to_none=*/false);
       law_against_ddp();
       law_bf16();
+      law_two_models();
       law_nvme();
       law_nvme_bf16();
       for (int s : {1, 2, 3}) law_checkpoint(loom::deepspeed_options{.stage = s});
@@ -595,6 +736,11 @@ int main(int argc, char** argv) {
       law_checkpoint(nvme_options(/*parameters=*/true), "_nvme_params");
       law_checkpoint<loom::Fabric<loom::cpu, loom::deepspeed, loom::bf16_mixed>>(nvme_options(true), "_bf16_nvme");
       law_exclude_frozen();
+    } else if (scenario == "zero_grad") {
+      law_accumulation_from_json(2, false, /*set_to_none=*/true);
+      law_accumulation_from_json(3, false, /*set_to_none=*/false);
+    } else if (scenario == "two_models") {
+      law_two_models();
     } else if (scenario == "reshard") {
       law_reshard();
     } else if (scenario == "save_forever") {

@@ -48,6 +48,28 @@ struct deepspeed : fsdp {
   // Lightning's rule: DeepSpeed wraps the module and its one optimizer together.
   static constexpr bool needs_joint_setup = true;
 
+ private:
+  // bf16: a parameter (its data the bf16 partition between steps) and its
+  // fp32 master; low and low_grad hold the bf16 tensors during a step.
+  struct master_slot {
+    at::Tensor param, master, low, low_grad;
+  };
+  // What DeepSpeed's engine keeps per model (one engine each: a GAN sets up
+  // two on one Fabric): the micro-step count (the accumulation boundary),
+  // the fp32 masters (bf16, fp16), the loss scaler (fp16), the NVMe stream.
+  struct zero_model {
+    const torch::nn::Module* module = nullptr;
+    torch::optim::Optimizer* optimizer = nullptr;
+    std::weak_ptr<detail::fsdp_engine> engine;
+    std::int64_t micro_steps = 0;
+    std::vector<master_slot> masters;
+    zero_loss_scaler scaler;
+    std::unique_ptr<detail::nvme_stream> nvme;
+    std::vector<at::Tensor> nvme_segments;  // the stream's partitions, in order
+  };
+
+ public:
+
   deepspeed() : deepspeed(deepspeed_options{}) {}
   explicit deepspeed(deepspeed_options options)
       : fsdp(fsdp_options{.timeout = options.timeout,
@@ -95,7 +117,6 @@ struct deepspeed : fsdp {
       for (const auto& notice : config_.notices) std::cerr << "loom deepspeed: notice: " << notice << '\n';
     }
     options_ = engine_options(config_);
-    scaler_ = zero_loss_scaler(config_.fp16);
   }
 
   // The module with its one optimizer (Lightning's rule): the engine shards
@@ -121,19 +142,41 @@ struct deepspeed : fsdp {
     // bf16 and computed without autocast; each rank keeps an fp32 master of
     // its partition, which the optimizer steps (its state is fp32 too).
     // fp16 (16-mixed) the same in float16, under DeepSpeed's loss scaler.
+    const bool nvme = config_.offload_optimizer.device == offload_device::nvme;
+    if (!models_.empty() && (nvme || config_.fp16.enabled || config_.gradient_accumulation_steps > 1)) {
+      // backward(loss) cannot tell which model a loss belongs to, so it
+      // cannot pick a model's loss scale or accumulation boundary; and each
+      // rank's NVMe file holds one model's state.
+      throw configuration_error(
+          "deepspeed: a second model on one Fabric runs without fp16, gradient_accumulation_steps 1 and no NVMe "
+          "offload (each model keeps its own loss scale, accumulation boundary and NVMe file, which backward(loss) "
+          "cannot tell apart); this config has " +
+          std::string(config_.fp16.enabled ? "fp16" : nvme ? "NVMe offload" : "gradient_accumulation_steps = ") +
+          (config_.gradient_accumulation_steps > 1 && !config_.fp16.enabled && !nvme
+               ? std::to_string(config_.gradient_accumulation_steps)
+               : std::string()));
+    }
     if (config_.bf16) to_floating(module, at::kBFloat16);
     if (config_.fp16.enabled) to_floating(module, at::kHalf);
     module_state engine = fsdp::setup_module(module, move_to_device);
-    if (config_.offload_optimizer.device == offload_device::nvme) start_nvme(optimizer, *engine);
+    auto model = std::make_unique<zero_model>();
+    model->module = &module;
+    model->optimizer = &optimizer;
+    model->engine = engine;
+    model->scaler = zero_loss_scaler(config_.fp16);
+    if (nvme) start_nvme(*model, *engine);
     // (With the optimizer on NVMe the fp32 masters live in its file.)
-    if ((config_.bf16 || config_.fp16.enabled) && !nvme_) {
+    if ((config_.bf16 || config_.fp16.enabled) && !model->nvme) {
       at::NoGradGuard no_grad;
       for (auto& group : optimizer.param_groups()) {
         for (auto& parameter : group.params()) {
-          if (parameter.is_floating_point()) masters_.push_back({parameter, parameter.detach().to(at::kFloat), {}, {}});
+          if (parameter.is_floating_point()) {
+            model->masters.push_back({parameter, parameter.detach().to(at::kFloat), {}, {}});
+          }
         }
       }
     }
+    models_.push_back(std::move(model));
     return engine;
   }
 
@@ -153,63 +196,73 @@ struct deepspeed : fsdp {
   // gradients reduced on the accumulation boundary only.
   // Under fp16 the loss is multiplied by DeepSpeed's loss scale (not the
   // precision's GradScaler).
+  // Several models are set up only where backward needs neither (fp32 or
+  // bf16, one micro-batch per step).
   template <class P>
   void backward(P& precision, const at::Tensor& loss) {
     const std::int64_t k = config_.gradient_accumulation_steps;
+    if ((k == 1 && !config_.fp16.enabled) || models_.empty()) {
+      precision.backward(loss);
+      return;
+    }
+    zero_model& model = *models_.front();
     auto run = [&](const at::Tensor& scaled) {
-      if (config_.fp16.enabled) scaler_.scale_loss(scaled).backward();
+      if (config_.fp16.enabled) model.scaler.scale_loss(scaled).backward();
       else precision.backward(scaled);
     };
     if (k == 1) {
       run(loss);
       return;
     }
-    const bool boundary = (micro_steps_ + 1) % k == 0;
-    set_sync(boundary);
+    const bool boundary = (model.micro_steps + 1) % k == 0;
+    auto engine = model.engine.lock();
+    engine->set_sync_enabled(boundary);
     try {
       run(loss / static_cast<double>(k));
     } catch (...) {
-      set_sync(true);
+      engine->set_sync_enabled(true);
       throw;
     }
-    set_sync(true);
+    engine->set_sync_enabled(true);
   }
 
   // DeepSpeed's engine.step: counts the micro-batch; on the boundary clips
   // (gradient_clipping) and steps this rank's partition.
   template <class P>
   void optimizer_step(P& precision, torch::optim::Optimizer& optimizer, optimizer_slot slot) {
-    ++micro_steps_;
-    if (micro_steps_ % config_.gradient_accumulation_steps != 0) return;
-    if (!masters_.empty()) {
-      step_masters(precision, optimizer, slot);
+    zero_model& model = model_of(optimizer);
+    ++model.micro_steps;
+    if (model.micro_steps % config_.gradient_accumulation_steps != 0) return;
+    if (!model.masters.empty()) {
+      step_masters(model, precision, optimizer, slot);
       return;
     }
     // bf16 with the masters on NVMe: the stream scales the fp32 gradients
     // by the clipping coefficient, as the in-memory masters' step does.
-    if (nvme_ && config_.bf16) {
+    if (model.nvme && config_.bf16) {
       std::vector<at::Tensor> gradients;
       for (auto& parameter : optimizer.param_groups().front().params()) {
         if (parameter.is_floating_point()) gradients.push_back(parameter.grad());
       }
-      const double coefficient = config_.gradient_clipping > 0 ? clip_coefficient(gradients, config_.gradient_clipping) : 1.0;
-      nvme_->step(hyper_of(optimizer), coefficient);
+      const double coefficient =
+          config_.gradient_clipping > 0 ? clip_coefficient(gradients, config_.gradient_clipping) : 1.0;
+      model.nvme->step(hyper_of(optimizer), coefficient);
       return;
     }
     if (config_.gradient_clipping > 0) {
-      for (const auto& weak : engines_) {
-        if (auto engine = weak.lock()) engine->clip_gradients(clip_options{.max_norm = config_.gradient_clipping});
-      }
+      if (auto engine = model.engine.lock()) engine->clip_gradients(clip_options{.max_norm = config_.gradient_clipping});
     }
     // With the optimizer's state on NVMe its step is streamed (Adam's math, sub-group by sub-group).
-    if (nvme_) nvme_->step(hyper_of(optimizer));
+    if (model.nvme) model.nvme->step(hyper_of(optimizer));
     else precision.optimizer_step(optimizer, slot);
   }
 
-  // Acts right after a boundary step only (between micro-batches the
-  // gradients are still accumulating).
+  // Acts right after the model's boundary step only (between micro-batches
+  // its gradients are still accumulating).
   void zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none) {
-    if (micro_steps_ % config_.gradient_accumulation_steps == 0) fsdp::zero_grad(optimizer, set_to_none);
+    if (model_of(optimizer).micro_steps % config_.gradient_accumulation_steps == 0) {
+      fsdp::zero_grad(optimizer, set_to_none);
+    }
   }
 
   // Lightning raises here; loom clips (the norm over every partition) unless
@@ -263,6 +316,7 @@ struct deepspeed : fsdp {
       if (module == nullptr) continue;
       std::set<std::string> frozen;
       for (const auto& item : module->named_parameters()) {
+        detail::refuse_shared_name(names, item.value(), item.key(), "deepspeed");
         names.emplace(item.value().unsafeGetTensorImpl(), item.key());
         if (!item.value().requires_grad()) frozen.insert(item.key());
         for (const auto& weak : engines_) {
@@ -283,7 +337,7 @@ struct deepspeed : fsdp {
     // partitions (bf16/fp16: the weights themselves at full precision, in the
     // optim-states files as DeepSpeed keeps them), the loss scaler and the
     // micro-step count (the accumulation boundary).
-    if (!masters_.empty() || (nvme_ && config_.bf16)) {
+    if (any_masters() || (nvme_owner() != nullptr && config_.bf16)) {
       c10::impl::GenericDict masters(c10::StringType::get(), c10::TensorType::get());
       for (const auto& [parameter, master] : master_partitions()) {
         auto name = names.find(parameter.unsafeGetTensorImpl());
@@ -292,12 +346,17 @@ struct deepspeed : fsdp {
       saved.set(std::string(masters_key), c10::IValue(masters));
       layout.partition_entries.insert(std::string(masters_key));
     }
-    if (config_.fp16.enabled) saved.set(std::string(scaler_key), scaler_.state_dict());
-    if (config_.gradient_accumulation_steps > 1) saved.set(std::string(micro_steps_key), c10::IValue(micro_steps_));
+    // (fp16 and accumulation take one model: setup refuses a second.)
+    if (config_.fp16.enabled && !models_.empty()) {
+      saved.set(std::string(scaler_key), models_.front()->scaler.state_dict());
+    }
+    if (config_.gradient_accumulation_steps > 1 && !models_.empty()) {
+      saved.set(std::string(micro_steps_key), c10::IValue(models_.front()->micro_steps));
+    }
     // NVMe: the optimizer's state is read back from the file into the
     // optimizer for the save, and dropped after it.
     std::optional<nvme_state_in_optimizer> in_memory;
-    if (nvme_) in_memory.emplace(*this);
+    if (nvme_owner() != nullptr) in_memory.emplace(*nvme_owner());
     // offload_param: stage 3 writes each rank's slices straight from the shards.
     struct pinned {
       std::vector<std::shared_ptr<detail::fsdp_engine>> live;
@@ -327,7 +386,8 @@ struct deepspeed : fsdp {
   // loaded weights); the loss scaler and micro-step count are restored. With
   // the optimizer state on NVMe, the loaded state is written to the file.
   state load_checkpoint(const std::string& path, const state& checkpoint, bool strict) {
-    if (nvme_ && !nvme_optimizer_->state().empty()) {
+    zero_model* const nvme_model = nvme_owner();
+    if (nvme_model != nullptr && !nvme_model->optimizer->state().empty()) {
       throw std::logic_error("deepspeed: the NVMe-offloaded optimizer holds state in memory");
     }
     std::optional<optimizer_state_dtype> fp32_state;
@@ -351,26 +411,35 @@ struct deepspeed : fsdp {
     // stored them), overwritten from the save, written back below.
     std::vector<master_slot> on_file;
     std::vector<at::Tensor> file_segments;
-    if (nvme_ && config_.bf16) {
-      for (std::size_t s = 0; s < nvme_segments_.size(); ++s) {
-        at::Tensor segment = at::empty({nvme_segments_[s].numel()}, at::kFloat);
-        if (config_.offload_param.device == offload_device::nvme) nvme_->load_shard(s, segment);
-        else segment.copy_(nvme_segments_[s]);
+    if (nvme_model != nullptr && config_.bf16) {
+      for (std::size_t s = 0; s < nvme_model->nvme_segments.size(); ++s) {
+        at::Tensor segment = at::empty({nvme_model->nvme_segments[s].numel()}, at::kFloat);
+        if (config_.offload_param.device == offload_device::nvme) nvme_model->nvme->load_shard(s, segment);
+        else segment.copy_(nvme_model->nvme_segments[s]);
         file_segments.push_back(segment);
       }
-      for (auto& parameter : nvme_optimizer_->param_groups().front().params()) {
-        const auto [s, offset] = nvme_place(parameter);
+      for (auto& parameter : nvme_model->optimizer->param_groups().front().params()) {
+        const auto [s, offset] = nvme_place(*nvme_model, parameter);
         on_file.push_back({parameter, file_segments[s].narrow(0, offset, parameter.numel()), {}, {}});
       }
     }
-    for (auto& m : nvme_ ? on_file : masters_) {
+    std::vector<master_slot*> slots;
+    if (nvme_model != nullptr) {
+      for (auto& m : on_file) slots.push_back(&m);
+    } else {
+      for (auto& model : models_) {
+        for (auto& m : model->masters) slots.push_back(&m);
+      }
+    }
+    for (master_slot* slot : slots) {
+      master_slot& m = *slot;
       if (m.master.numel() == 0) continue;  // no slice of this parameter on this rank
       at::Tensor full;
       if (auto name = names.find(m.param.unsafeGetTensorImpl()); name != names.end()) {
         if (auto found = saved_masters.find(name->second); found != saved_masters.end()) full = found->second;
       }
       if (!full.defined()) {
-        if (!nvme_) m.master.copy_(m.param.detach());  // (the file's segment holds the loaded weights already)
+        if (nvme_model == nullptr) m.master.copy_(m.param.detach());  // (the file's segment holds the loaded weights already)
         continue;
       }
       // The saved master at full size: this rank's slice of it.
@@ -386,52 +455,70 @@ struct deepspeed : fsdp {
       }
       m.master.copy_(slice.reshape(m.master.sizes()));
     }
-    for (std::size_t s = 0; s < file_segments.size(); ++s) nvme_->store_shard(s, file_segments[s]);
-    if (config_.fp16.enabled && rest.contains(scaler_key)) scaler_.load_state_dict(rest.get<c10::IValue>(scaler_key));
-    if (rest.contains(micro_steps_key)) micro_steps_ = rest.get<std::int64_t>(micro_steps_key);
+    for (std::size_t s = 0; s < file_segments.size(); ++s) nvme_model->nvme->store_shard(s, file_segments[s]);
+    // (fp16 and accumulation take one model: setup refuses a second.)
+    if (!models_.empty()) {
+      zero_model& model = *models_.front();
+      if (config_.fp16.enabled && rest.contains(scaler_key)) model.scaler.load_state_dict(rest.get<c10::IValue>(scaler_key));
+      if (rest.contains(micro_steps_key)) model.micro_steps = rest.get<std::int64_t>(micro_steps_key);
+    }
     for (std::string_view key : {masters_key, scaler_key, micro_steps_key}) rest.erase(key);
-    if (nvme_) {
-      nvme_->write_state(nvme_state_from(*nvme_optimizer_));
-      nvme_optimizer_->state().clear();
+    if (nvme_model != nullptr) {
+      nvme_model->nvme->write_state(nvme_state_from(*nvme_model));
+      nvme_model->optimizer->state().clear();
     }
     return rest;
   }
 
   const zero_config& config() const noexcept { return config_; }
   const deepspeed_options& arguments() const noexcept { return arguments_; }
-  // Micro-batches stepped so far (DeepSpeed's micro_steps).
-  std::int64_t micro_steps() const noexcept { return micro_steps_; }
-  // DeepSpeed's loss scaler (fp16).
-  const zero_loss_scaler& loss_scaler() const noexcept { return scaler_; }
+  // Micro-batches stepped so far by the model whose optimizer this is
+  // (DeepSpeed's micro_steps: each model counts its own).
+  std::int64_t micro_steps(const torch::optim::Optimizer& optimizer) const { return model_of(optimizer).micro_steps; }
+  // ... of the first model set up (0 before any).
+  std::int64_t micro_steps() const noexcept { return models_.empty() ? 0 : models_.front()->micro_steps; }
+  // DeepSpeed's loss scaler (fp16, which takes one model).
+  const zero_loss_scaler& loss_scaler() const noexcept {
+    static const zero_loss_scaler none;
+    return models_.empty() ? none : models_.front()->scaler;
+  }
   // The NVMe optimizer stream (offload_optimizer.device "nvme"), or nullptr.
-  const detail::nvme_stream* nvme() const noexcept { return nvme_.get(); }
-  // Bytes of the fp32 master partitions (bf16 mode).
+  const detail::nvme_stream* nvme() const noexcept {
+    const zero_model* owner = nvme_owner();
+    return owner == nullptr ? nullptr : owner->nvme.get();
+  }
+  // Bytes of the fp32 master partitions of every model (bf16 mode).
   std::int64_t master_bytes() const noexcept {
     std::int64_t total = 0;
-    for (const auto& m : masters_) total += static_cast<std::int64_t>(m.master.numel()) * 4;
+    for (const auto& t : master_tensors()) total += static_cast<std::int64_t>(t.numel()) * 4;
     return total;
   }
   std::vector<at::Tensor> master_tensors() const {
     std::vector<at::Tensor> out;
-    for (const auto& m : masters_) out.push_back(m.master);
+    for (const auto& model : models_) {
+      for (const auto& m : model->masters) out.push_back(m.master);
+    }
     return out;
   }
-  // Each floating parameter of the optimizer with its fp32 master partition
+  // Each floating parameter of the optimizers with its fp32 master partition
   // (from memory, or read from the NVMe file).
   std::vector<std::pair<at::Tensor, at::Tensor>> master_partitions() const {
     std::vector<std::pair<at::Tensor, at::Tensor>> out;
-    if (!nvme_) {
-      for (const auto& m : masters_) out.emplace_back(m.param, m.master);
+    const zero_model* owner = nvme_owner();
+    if (owner == nullptr) {
+      for (const auto& model : models_) {
+        for (const auto& m : model->masters) out.emplace_back(m.param, m.master);
+      }
       return out;
     }
     std::vector<at::Tensor> segments;
-    for (std::size_t s = 0; s < nvme_segments_.size(); ++s) {
-      segments.push_back(at::empty({nvme_segments_[s].numel()}, at::kFloat));
-      nvme_->load_shard(s, segments.back());
+    for (std::size_t s = 0; s < owner->nvme_segments.size(); ++s) {
+      segments.push_back(at::empty({owner->nvme_segments[s].numel()}, at::kFloat));
+      owner->nvme->load_shard(s, segments.back());
     }
-    for (auto& parameter : nvme_optimizer_->param_groups().front().params()) {
+    for (auto& parameter : owner->optimizer->param_groups().front().params()) {
       if (!parameter.is_floating_point()) continue;
-      const auto [s, offset] = nvme_place(parameter);
+      const auto [s, offset] = nvme_place(*owner, parameter);
       out.emplace_back(parameter, segments[s].narrow(0, offset, parameter.numel()).clone());
     }
     return out;
@@ -448,17 +535,16 @@ struct deepspeed : fsdp {
       if (buffer.is_floating_point()) buffer.set_data(buffer.to(dtype));
     }
   }
-  void start_nvme(torch::optim::Optimizer& optimizer, detail::fsdp_engine& engine) {
-    (void)hyper_of(optimizer);  // Adam or AdamW, one group: refused otherwise
+  void start_nvme(zero_model& model, detail::fsdp_engine& engine) {
+    (void)hyper_of(*model.optimizer);  // Adam or AdamW, one group: refused otherwise
     std::vector<at::Tensor> parameters, gradients;
     for (auto& [parameter, gradient] : engine.partitions()) {
       parameters.push_back(parameter);
       gradients.push_back(gradient);
     }
-    nvme_segments_ = parameters;
-    nvme_optimizer_ = &optimizer;
+    model.nvme_segments = parameters;
     const auto& offload = config_.offload_optimizer;
-    nvme_ = std::make_unique<detail::nvme_stream>(
+    model.nvme = std::make_unique<detail::nvme_stream>(
         detail::nvme_stream_options{.directory = offload.nvme_path,
                                     .rank = global_rank(),
                                     .sub_group_size = config_.sub_group_size,
@@ -468,7 +554,7 @@ struct deepspeed : fsdp {
                                     .parameters = config_.offload_param.device == offload_device::nvme,
                                     .masters = config_.bf16},
         std::move(parameters), std::move(gradients));
-    if (config_.offload_param.device == offload_device::nvme) engine.set_shard_store(nvme_.get());
+    if (config_.offload_param.device == offload_device::nvme) engine.set_shard_store(model.nvme.get());
   }
   static detail::adam_hyper hyper_of(torch::optim::Optimizer& optimizer) {
     if (optimizer.param_groups().size() != 1) {
@@ -496,9 +582,9 @@ struct deepspeed : fsdp {
 
   // The segment (NVMe stream partition) holding a parameter's slice, and the
   // slice's offset in it.
-  std::pair<std::size_t, std::int64_t> nvme_place(const at::Tensor& parameter) const {
-    for (std::size_t s = 0; s < nvme_segments_.size(); ++s) {
-      const at::Tensor& segment = nvme_segments_[s];
+  static std::pair<std::size_t, std::int64_t> nvme_place(const zero_model& model, const at::Tensor& parameter) {
+    for (std::size_t s = 0; s < model.nvme_segments.size(); ++s) {
+      const at::Tensor& segment = model.nvme_segments[s];
       if (parameter.storage().is_alias_of(segment.storage())) {
         return {s, parameter.storage_offset() - segment.storage_offset()};
       }
@@ -506,9 +592,10 @@ struct deepspeed : fsdp {
     throw std::logic_error("deepspeed: a parameter outside every NVMe-offloaded partition");
   }
   // The optimizer's (in-memory) Adam state gathered into the stream's layout.
-  detail::adam_partition_state nvme_state_from(torch::optim::Optimizer& optimizer) const {
+  static detail::adam_partition_state nvme_state_from(const zero_model& model) {
+    torch::optim::Optimizer& optimizer = *model.optimizer;
     detail::adam_partition_state out;
-    for (const auto& segment : nvme_segments_) {
+    for (const auto& segment : model.nvme_segments) {
       out.exp_avg.push_back(at::zeros({segment.numel()}, at::kFloat));
       out.exp_avg_sq.push_back(at::zeros({segment.numel()}, at::kFloat));
     }
@@ -524,7 +611,7 @@ struct deepspeed : fsdp {
       } else {
         continue;
       }
-      const auto [s, offset] = nvme_place(parameter);
+      const auto [s, offset] = nvme_place(model, parameter);
       out.exp_avg[s].narrow(0, offset, parameter.numel()).copy_(exp_avg.reshape({-1}));
       out.exp_avg_sq[s].narrow(0, offset, parameter.numel()).copy_(exp_avg_sq.reshape({-1}));
       out.step = std::max(out.step, step);
@@ -535,12 +622,12 @@ struct deepspeed : fsdp {
   // For a save: the state file read back into the optimizer as Adam's (or
   // AdamW's) per-parameter state, and dropped again when the save is done.
   struct nvme_state_in_optimizer {
-    explicit nvme_state_in_optimizer(const deepspeed& owner) : optimizer(*owner.nvme_optimizer_) {
-      const detail::adam_partition_state state = owner.nvme_->read_state();
+    explicit nvme_state_in_optimizer(const zero_model& owner) : optimizer(*owner.optimizer) {
+      const detail::adam_partition_state state = owner.nvme->read_state();
       if (state.step == 0) return;
       const bool decoupled = hyper_of(optimizer).decoupled;
       for (auto& parameter : optimizer.param_groups().front().params()) {
-        const auto [s, offset] = owner.nvme_place(parameter);
+        const auto [s, offset] = nvme_place(owner, parameter);
         at::Tensor exp_avg = state.exp_avg[s].narrow(0, offset, parameter.numel()).view_as(parameter).clone();
         at::Tensor exp_avg_sq = state.exp_avg_sq[s].narrow(0, offset, parameter.numel()).view_as(parameter).clone();
         if (decoupled) {
@@ -579,16 +666,16 @@ struct deepspeed : fsdp {
   // (reduced in fp32 already), clipped there; the result is cast back into
   // the bf16 partition.
   template <class P>
-  void step_masters(P& precision, torch::optim::Optimizer& optimizer, optimizer_slot slot) {
+  void step_masters(zero_model& model, P& precision, torch::optim::Optimizer& optimizer, optimizer_slot slot) {
     at::NoGradGuard no_grad;
-    for (auto& m : masters_) {
+    for (auto& m : model.masters) {
       m.low = m.param.detach();
       m.low_grad = m.param.grad();
       m.param.set_data(m.master);
       m.param.mutable_grad() = m.low_grad.defined() ? m.low_grad.to(at::kFloat) : at::Tensor();
     }
     auto restore = [&] {
-      for (auto& m : masters_) {
+      for (auto& m : model.masters) {
         m.param.set_data(m.low);
         m.param.mutable_grad() = m.low_grad;
         m.low = at::Tensor();
@@ -598,29 +685,29 @@ struct deepspeed : fsdp {
     try {
       if (config_.fp16.enabled) {
         // DeepSpeed: unscale, skip the step if any rank overflowed, clip, step, update the scale.
-        const bool overflow = scaler_.unscale_and_check(optimizer, &group());
+        const bool overflow = model.scaler.unscale_and_check(optimizer, &group());
         if (!overflow) {
-          if (config_.gradient_clipping > 0) clip_masters(config_.gradient_clipping);
+          if (config_.gradient_clipping > 0) clip_masters(model, config_.gradient_clipping);
           optimizer.step();
         }
-        scaler_.update(overflow);
+        model.scaler.update(overflow);
         (void)precision;
         (void)slot;
       } else {
-        if (config_.gradient_clipping > 0) clip_masters(config_.gradient_clipping);
+        if (config_.gradient_clipping > 0) clip_masters(model, config_.gradient_clipping);
         precision.optimizer_step(optimizer, slot);
       }
     } catch (...) {
       restore();
       throw;
     }
-    for (auto& m : masters_) m.low.copy_(m.master);
+    for (auto& m : model.masters) m.low.copy_(m.master);
     restore();
   }
   // The norm over every rank's fp32 gradient partitions.
-  void clip_masters(double max_norm) {
+  void clip_masters(zero_model& model, double max_norm) {
     std::vector<at::Tensor> gradients;
-    for (auto& m : masters_) gradients.push_back(m.param.grad());
+    for (auto& m : model.masters) gradients.push_back(m.param.grad());
     detail::scale_gradients(gradients, clip_coefficient(gradients, max_norm));
   }
   // The config's gradient_clipping (DeepSpeed's: the 2-norm) over every
@@ -675,26 +762,28 @@ struct deepspeed : fsdp {
     engine.state_dict = state_dict_type::sharded;
     return engine;
   }
-  void set_sync(bool enabled) {
-    for (const auto& weak : engines_) {
-      if (auto engine = weak.lock()) engine->set_sync_enabled(enabled);
+  // The model an optimizer was set up with (one optimizer per model).
+  zero_model& model_of(const torch::optim::Optimizer& optimizer) const {
+    for (const auto& model : models_) {
+      if (model->optimizer == &optimizer) return *model;
     }
+    throw configuration_error("deepspeed: this optimizer was not set up with a model (fabric.setup(module, "
+                              "optimizer)); step and zero_grad the optimizer fabric.setup returned");
   }
-
-  // bf16: a parameter (its data the bf16 partition between steps) and its
-  // fp32 master; low and low_grad hold the bf16 tensors during a step.
-  struct master_slot {
-    at::Tensor param, master, low, low_grad;
-  };
+  // The model with an NVMe stream (which takes one model per Fabric), or nullptr.
+  zero_model* nvme_owner() const noexcept {
+    return models_.size() == 1 && models_.front()->nvme ? models_.front().get() : nullptr;
+  }
+  bool any_masters() const noexcept {
+    for (const auto& model : models_) {
+      if (!model->masters.empty()) return true;
+    }
+    return false;
+  }
 
   deepspeed_options arguments_;
   zero_config config_;
-  std::int64_t micro_steps_ = 0;
-  std::vector<master_slot> masters_;
-  zero_loss_scaler scaler_;
-  std::unique_ptr<detail::nvme_stream> nvme_;
-  std::vector<at::Tensor> nvme_segments_;  // the stream's partitions, in order
-  torch::optim::Optimizer* nvme_optimizer_ = nullptr;
+  std::vector<std::unique_ptr<zero_model>> models_;  // in setup order
 };
 
 // Lightning's registered presets (DeepSpeedStrategy.register_strategies).

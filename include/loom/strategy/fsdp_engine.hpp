@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -163,6 +164,12 @@ void with_full_engines(const std::vector<std::weak_ptr<fsdp_engine>>& engines,
 // optimizer whose state loom cannot slice.
 shard_layout sharded_save_layout(const state& checkpoint, const std::vector<std::weak_ptr<fsdp_engine>>& engines,
                                  std::string_view strategy);
+
+// A sharded checkpoint keys each slice by its parameter's name: two modules
+// in one checkpoint (a GAN's) with a parameter of the same name would write
+// over each other's slices, so the save is refused instead.
+void refuse_shared_name(const std::map<const void*, std::string>& names, const at::Tensor& parameter,
+                        const std::string& name, std::string_view strategy);
 
 // Why no_backward_sync is refused with offloading (fsdp_cpu_offload and the
 // deepspeed offload presets at compile time; the options at run time).
