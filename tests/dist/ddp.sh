@@ -11,15 +11,15 @@ DDP_WORKER=$(realpath "$3")
 export LOOM_TEST_DIR="$WORK"
 
 timeout 120 "$DDP_WORKER" laws 2 "$MARK" > "$WORK/laws" 2>&1 || { fail "laws (launch) exited $?"; cat "$WORK/laws"; }
-expect_contains "$WORK/laws" "ddp laws: world_size=2 all checks passed" "DDP laws, ranks started by fabric.launch()"
+expect_contains "$WORK/laws" "ddp laws (laws): world_size=2 all checks passed" "DDP laws, ranks started by fabric.launch()"
 sed -n 's/^law/  law/p' "$WORK/laws"
 timeout 120 "$LOOM_RUN" --strategy ddp --devices 2 "$DDP_WORKER" laws 2 "$MARK" > "$WORK/laws_cli" 2>&1 ||
   { fail "laws (loom-run) exited $?"; cat "$WORK/laws_cli"; }
-expect_contains "$WORK/laws_cli" "ddp laws: world_size=2 all checks passed" "DDP laws under loom-run --strategy ddp"
+expect_contains "$WORK/laws_cli" "ddp laws (laws): world_size=2 all checks passed" "DDP laws under loom-run --strategy ddp"
 # The same laws on 4 ranks (4 processes share 2 cores here).
 timeout 180 "$LOOM_RUN" --strategy ddp --devices 4 "$DDP_WORKER" laws 4 "$MARK" > "$WORK/laws_4" 2>&1 ||
   { fail "laws on 4 ranks exited $?"; cat "$WORK/laws_4"; }
-expect_contains "$WORK/laws_4" "ddp laws: world_size=4 all checks passed" "DDP laws on 4 ranks"
+expect_contains "$WORK/laws_4" "ddp laws (laws): world_size=4 all checks passed" "DDP laws on 4 ranks"
 
 "$LOOM_RUN" --strategy ddp --devices 2 "$DDP_WORKER" train_forever 2 "$MARK" > "$WORK/train" 2>&1 &
 launcher=$!

@@ -22,18 +22,6 @@
 
 namespace {
 
-int failures = 0;
-int rank_for_messages = -1;
-#define EXPECT(condition, ...)                                                               \
-  do {                                                                                       \
-    if (!(condition)) {                                                                      \
-      ++failures;                                                                            \
-      std::fprintf(stderr, "rank %d: check failed (%s:%d): ", rank_for_messages, __FILE__, __LINE__); \
-      std::fprintf(stderr, __VA_ARGS__);                                                     \
-      std::fprintf(stderr, "\n");                                                            \
-    }                                                                                        \
-  } while (0)
-
 struct NetImpl : torch::nn::Module {
   // with_branch adds a second head; a forward uses one head or the other, so
   // the unused one gets no gradient (the unused-parameter case).
@@ -93,7 +81,7 @@ void law_equivalence(ddp_fabric& fabric) {
   torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   torch::optim::SGD reference_sgd(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   auto [model, optimizer] = fabric.setup(net, sgd);
-  EXPECT(torch::equal(flat_parameters(net), flat_parameters(reference)), "setup broadcast rank 0's parameters");
+  LAW_EXPECT(torch::equal(flat_parameters(net), flat_parameters(reference)), "setup broadcast rank 0's parameters");
 
   const int64_t local = global_batch / w;
   for (int step = 0; step < 20; ++step) {
@@ -109,7 +97,7 @@ void law_equivalence(ddp_fabric& fabric) {
     reference_sgd.step();
 
     const auto everyone = fabric.all_gather(flat_parameters(net));
-    for (int k = 1; k < w; ++k) EXPECT(torch::equal(everyone[0], everyone[k]), "step %d: rank %d's parameters differ", step, k);
+    for (int k = 1; k < w; ++k) LAW_EXPECT(torch::equal(everyone[0], everyone[k]), "step %d: rank %d's parameters differ", step, k);
   }
   // The mean of per-rank mean losses is the mean loss of the global batch, so
   // the averaged gradient is the same; only the order of float additions
@@ -118,72 +106,22 @@ void law_equivalence(ddp_fabric& fabric) {
   const auto ddp = flat_parameters(net);
   const auto single = flat_parameters(reference);
   const double max_difference = (ddp - single).abs().max().item<double>();
-  EXPECT(torch::allclose(ddp, single, /*rtol=*/1e-4, /*atol=*/1e-5),
+  LAW_EXPECT(torch::allclose(ddp, single, /*rtol=*/1e-4, /*atol=*/1e-5),
          "DDP on %d ranks with batch %ld each differs from one process with batch %ld by %.3g", w, local,
          global_batch, max_difference);
   if (r == 0) std::printf("law (b): max |ddp - single| after 20 steps = %.3g (atol 1e-5, rtol 1e-4)\n", max_difference);
 }
 
-// (c): under no_backward_sync, 4 micro-batches make one all-reduce per bucket
-// per optimizer step, and the result equals accumulating the full batch.
+// (c): the shared accumulation law (strategy_laws.hpp) with small buckets,
+// so that the model spreads over several: the synced backward issues one
+// all-reduce per bucket.
 void law_accumulation(ddp_fabric& /*unused*/) {
-  // Small buckets, so that the model spreads over several of them.
   ddp_fabric fabric({}, loom::ddp(loom::ddp_options{.bucket_cap_mb = 4.0 / 1024, .first_bucket_mb = 1.0 / 1024}));
-  const int r = fabric.global_rank();
-  const int w = fabric.world_size();
-  auto net = make_net();
-  auto reference = make_net();
-  torch::optim::SGD sgd(net->parameters(), 0.1);
-  torch::optim::SGD reference_sgd(reference->parameters(), 0.1);
-  auto [model, optimizer] = fabric.setup(net, sgd);
-  auto& engine = *model.session().state();
-
-  constexpr int accumulation = 4;
-  const int64_t micro = global_batch / w / accumulation;  // rows per rank per micro-batch
-  std::uint64_t reduces_per_step = 0;
-  for (int step = 0; step < 4; ++step) {
-    const auto x = global_inputs(50 + step);
-    const auto y = global_targets(50 + step);
-    optimizer.zero_grad();
-    const auto before = engine.collectives_issued();
-    for (int m = 0; m < accumulation; ++m) {
-      const int64_t first = (r * accumulation + m) * micro;
-      auto run = [&] {
-        auto loss = torch::nn::functional::cross_entropy(model(x.narrow(0, first, micro)), y.narrow(0, first, micro));
-        fabric.backward(loss / accumulation);
-      };
-      if (m + 1 < accumulation) {
-        auto guard = fabric.no_backward_sync(model);
-        run();
-      } else {
-        run();
-      }
-    }
-    optimizer.step();
-    const auto issued = engine.collectives_issued() - before;
-    // The first synced backward teaches the reducer the order gradients come
-    // in; the next step's forward broadcasts that bucket order (once). From
-    // then on only gradient all-reduces run on the engine's group.
-    if (step >= 2) {
-      EXPECT(issued == engine.bucket_count(), "step %d: %llu collectives for %zu buckets", step,
-             static_cast<unsigned long long>(issued), engine.bucket_count());
-      reduces_per_step = issued;
-    }
-    EXPECT(engine.bucket_count() > 1, "the small bucket cap makes several buckets (%zu)", engine.bucket_count());
-
-    reference_sgd.zero_grad();
-    torch::nn::functional::cross_entropy(reference->forward(x), y).backward();
-    reference_sgd.step();
-  }
-  const double max_difference = (flat_parameters(net) - flat_parameters(reference)).abs().max().item<double>();
-  EXPECT(torch::allclose(flat_parameters(net), flat_parameters(reference), 1e-4, 1e-5),
-         "accumulated DDP differs from the full batch by %.3g", max_difference);
-  if (r == 0) {
-    std::printf("law (c): %llu gradient all-reduce(s) per optimizer step for %zu bucket(s) over %d micro-batches; "
-                "max |accumulated - full batch| = %.3g\n",
-                static_cast<unsigned long long>(reduces_per_step), engine.bucket_count(), accumulation, max_difference);
-  }
-  std::fflush(stdout);
+  laws::law_accumulation(fabric, [] { return make_net(); }, "DDP (small buckets)", [&](auto& model, std::uint64_t synced) {
+    const std::size_t buckets = model.session().state()->bucket_count();
+    LAW_EXPECT(buckets > 1 && synced == buckets, "%llu all-reduces in the synced backward for %zu buckets",
+               static_cast<unsigned long long>(synced), buckets);
+  });
 }
 
 // (d): a forward that leaves parameters unused.
@@ -201,7 +139,7 @@ void law_unused(ddp_fabric& fabric) {
       optimizer.step();
     }
     const auto everyone = finding.all_gather(flat_parameters(net));
-    EXPECT(torch::equal(everyone[0], everyone[everyone.size(0) - 1]), "find_unused_parameters: ranks diverged");
+    LAW_EXPECT(torch::equal(everyone[0], everyone[everyone.size(0) - 1]), "find_unused_parameters: ranks diverged");
   }
   {
     auto net = make_net(/*with_branch=*/true);
@@ -219,7 +157,7 @@ void law_unused(ddp_fabric& fabric) {
     } catch (const std::exception& error) {
       message = std::string("another error: ") + error.what();
     }
-    EXPECT(message.find("find_unused_parameters = true") != std::string::npos,
+    LAW_EXPECT(message.find("find_unused_parameters = true") != std::string::npos,
            "without find_unused_parameters the error says to enable it; got: %s", message.c_str());
   }
 }
@@ -246,7 +184,7 @@ void law_options(ddp_fabric& /*unused*/) {
       optimizer.step();
     }
     const auto everyone = fabric.all_gather(flat_parameters(net));
-    EXPECT(torch::equal(everyone[0], everyone[everyone.size(0) - 1]), "ranks diverged");
+    LAW_EXPECT(torch::equal(everyone[0], everyone[everyone.size(0) - 1]), "ranks diverged");
     return flat_parameters(net);
   };
   const auto reference = train({});
@@ -257,46 +195,36 @@ void law_options(ddp_fabric& /*unused*/) {
   // zeroed in place (dropped, as LibTorch's zero_grad(true) did, ...).
   const auto views_to_none = train({.gradient_as_bucket_view = true}, 1);
   const auto views_in_place = train({.gradient_as_bucket_view = true}, 2);
-  EXPECT(torch::equal(views_to_none, views) && torch::equal(views_in_place, views),
+  LAW_EXPECT(torch::equal(views_to_none, views) && torch::equal(views_in_place, views),
          "gradient_as_bucket_view: zero_grad(true) and zero_grad(false) differ from zero_grad() by %.3g and %.3g",
          (views_to_none - views).abs().max().item<double>(), (views_in_place - views).abs().max().item<double>());
-  EXPECT(torch::allclose(views, reference, 1e-5, 1e-6), "gradient_as_bucket_view changes training");
-  EXPECT(torch::allclose(static_graph, reference, 1e-5, 1e-6), "static_graph changes training");
-  EXPECT(torch::allclose(ring, reference, 1e-5, 1e-6), "the ring all-reduce and the exchange disagree");
+  LAW_EXPECT(torch::allclose(views, reference, 1e-5, 1e-6), "gradient_as_bucket_view changes training");
+  LAW_EXPECT(torch::allclose(static_graph, reference, 1e-5, 1e-6), "static_graph changes training");
+  LAW_EXPECT(torch::allclose(ring, reference, 1e-5, 1e-6), "the ring all-reduce and the exchange disagree");
 }
 
-// A checkpoint written under DDP loads into single_device and back.
+// The shared round trip (strategy_laws.hpp), and the other way: a
+// checkpoint single_device wrote loads into DDP.
 void law_checkpoint(ddp_fabric& fabric) {
-  const int r = fabric.global_rank();
-  const std::string path = laws::test_dir() + "/ddp.ckpt";
+  laws::law_checkpoint_round_trip(fabric, [] { return make_net(); }, "DDP");
+  const std::string path = laws::test_dir() + "/single.ckpt";
   auto net = make_net();
-  torch::optim::SGD sgd(net->parameters(), 0.1);
-  auto [model, optimizer] = fabric.setup(net, sgd);
-  for (int step = 0; step < 3; ++step) {
-    optimizer.zero_grad();
-    fabric.backward(model(global_inputs(step).narrow(0, r * 4, 4)).pow(2).mean());
-    optimizer.step();
-  }
-  fabric.save(path, {{"model", model}, {"step", 3}});
+  auto model = fabric.setup(net);
   const auto trained = flat_parameters(net);
-  if (r == 0) {
-    // Another program, in effect: one that loom-run did not start.
+  if (fabric.global_rank() == 0) {
     auto single = laws::outside_launcher<loom::Fabric<loom::cpu, loom::single_device>>();
-    at::manual_seed(7);
-    Net fresh;
-    auto fresh_model = single.setup(fresh);
-    single.load(path, {{"model", fresh_model}});
-    EXPECT(torch::equal(flat_parameters(fresh), trained), "a DDP checkpoint loads into single_device");
+    auto fresh = make_net();
     {
       at::NoGradGuard no_grad;
       fresh->fc1->weight.add_(1.0);
     }
-    single.save(path + ".single", {{"model", fresh_model}});
+    auto fresh_model = single.setup(fresh);
+    single.save(path, {{"model", fresh_model}});
   }
   fabric.barrier();
-  fabric.load(path + ".single", {{"model", model}});
-  EXPECT(torch::allclose(net->fc1->weight, trained.narrow(0, 0, 32 * 16).reshape({32, 16}) + 1.0),
-         "a single_device checkpoint loads back into DDP");
+  fabric.load(path, {{"model", model}});
+  LAW_EXPECT(torch::allclose(net->fc1->weight, trained.narrow(0, 0, 32 * 16).reshape({32, 16}) + 1.0),
+             "a single_device checkpoint loads back into DDP");
 }
 
 // Trains until killed (the kill test watches how fast the job ends).
@@ -317,32 +245,18 @@ void train_forever(ddp_fabric& fabric) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string scenario = argc > 1 ? argv[1] : "laws";
-  const int devices = argc > 2 ? std::atoi(argv[2]) : 2;
-  try {
-    loom::Fabric<loom::cpu, loom::ddp> fabric({.devices = loom::devices_spec(devices)});
-    fabric.launch();
-    rank_for_messages = fabric.global_rank();
-    if (scenario == "laws") {
-      laws::require_multi_rank(fabric, "the DDP laws");
-      if (fabric.world_size() < 2) ++failures;  // this worker counts its own failures
-      law_equivalence(fabric);
-      laws::law_gradient_norm(fabric, [] { return make_net(); }, "DDP");
-      law_accumulation(fabric);
-      law_unused(fabric);
-      law_options(fabric);
-      law_checkpoint(fabric);
-    } else if (scenario == "train_forever") {
-      train_forever(fabric);
-    } else {
-      std::fprintf(stderr, "ddp_worker: unknown scenario %s\n", scenario.c_str());
-      return 2;
-    }
-    const bool everyone = fabric.reduce_boolean_decision(failures == 0, /*all=*/true);
-    if (fabric.is_global_zero()) std::printf("ddp laws: world_size=%d %s\n", fabric.world_size(), everyone ? "all checks passed" : "FAILED");
-    return failures == 0 ? 0 : 1;
-  } catch (const std::exception& error) {
-    std::fprintf(stderr, "ddp_worker rank %d: %s\n", rank_for_messages, error.what());
-    return 1;
-  }
+  using launcher = loom::Fabric<loom::cpu, loom::ddp>;
+  return laws::worker_main<launcher>(
+      argc, argv, "ddp laws", [](const std::string&, int devices) { return launcher({.devices = loom::devices_spec(devices)}); },
+      {{"laws",
+        [](launcher& fabric) {
+          law_equivalence(fabric);
+          laws::law_gradient_norm(fabric, [] { return make_net(); }, "DDP");
+          law_accumulation(fabric);
+          law_unused(fabric);
+          law_options(fabric);
+          law_checkpoint(fabric);
+        }},
+       {"train_forever", [](launcher& fabric) { train_forever(fabric); }}},
+      {"train_forever"});
 }

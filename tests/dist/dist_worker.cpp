@@ -4,6 +4,8 @@
 // every check on this rank passed.
 //
 //   dist_worker collectives | comm | launch_self N | fork N | allreduce_loop | hang | rendezvous | listen_check
+#include "worker_harness.hpp"
+
 #include <loom/environment.hpp>
 #include <loom/loom.hpp>
 
@@ -27,17 +29,10 @@
 
 namespace {
 
-int failures = 0;
-
-#define EXPECT(condition, what)                                                                            \
-  do {                                                                                                     \
-    if (!(condition)) {                                                                                    \
-      ++failures;                                                                                          \
-      std::fprintf(stderr, "rank %d: check failed: %s (%s:%d)\n", rank_for_messages, what, __FILE__, __LINE__); \
-    }                                                                                                      \
-  } while (0)
-
-int rank_for_messages = -1;
+// The harness's one check (worker_harness.hpp); here each message is a plain string.
+#define EXPECT(condition, what) LAW_EXPECT(condition, "%s", what)
+using laws::failures;
+using laws::rank_for_messages;
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -1,7 +1,8 @@
 // FSDP's laws on real processes (tests/dist/fsdp.sh): the shared laws of
-// strategy_laws.hpp for each sharding strategy, plus what is FSDP's own
-// (accumulation without reduce-scatters, a tied parameter, full checkpoints
-// to and from single_device). `fsdp_worker laws N` starts N ranks itself;
+// strategy_laws.hpp (equivalence, gradient norm, accumulation, checkpoint
+// round trip) for each sharding strategy, plus what is FSDP's own (prefetch,
+// wrap policies, offload, bf16, a tied parameter, sharded checkpoints for
+// the resharding checks). `fsdp_worker laws N` starts N ranks itself;
 // `fsdp_worker hybrid` runs under loom-run --num-nodes 2.
 #include "law_models.hpp"
 
@@ -31,12 +32,25 @@ using laws::train_steps;
 
 using fsdp_fabric = loom::Fabric<loom::cpu, loom::fsdp, loom::fp32>;
 
+// The shared laws for each sharding strategy (sharded saves, the default),
+// and the round trip of a full save.
 void law_strategies(const std::vector<loom::sharding_strategy>& strategies) {
   for (auto strategy : strategies) {
+    const std::string what(loom::to_string(strategy));
     fsdp_fabric fabric({}, loom::fsdp(loom::fsdp_options{.strategy = strategy}));
-    laws::law_equivalence(fabric, make_net, std::string(loom::to_string(strategy)).c_str());
-    laws::law_gradient_norm(fabric, make_net, std::string(loom::to_string(strategy)).c_str());
+    laws::law_equivalence(fabric, make_net, what.c_str());
+    laws::law_gradient_norm(fabric, make_net, what.c_str());
+    laws::law_accumulation(fabric, make_net, what.c_str(), [&](auto& model, std::uint64_t synced) {
+      // One reduction per unit that holds parameters.
+      std::uint64_t units = 0;
+      for (const auto& unit : model.session().state()->units()) units += unit.numel > 0 ? 1 : 0;
+      LAW_EXPECT(synced == units, "%s: the synced backward reduced %llu times for %llu units", what.c_str(),
+                 static_cast<unsigned long long>(synced), static_cast<unsigned long long>(units));
+    });
+    laws::law_checkpoint_round_trip(fabric, make_net, (what + ", sharded save").c_str());
   }
+  fsdp_fabric full({}, loom::fsdp(loom::fsdp_options{.state_dict = loom::state_dict_type::full}));
+  laws::law_checkpoint_round_trip(full, make_net, "FULL_SHARD, full save");
 }
 
 void law_variants() {
@@ -221,66 +235,6 @@ void law_checkpoint_rng() {
 // Under no_backward_sync over 4 micro-batches, the 3 skipped backward passes
 // issue no reduce-scatter; the synced one issues one per unit; the result
 // equals the full batch.
-void law_accumulation() {
-  fsdp_fabric fabric({}, loom::fsdp());
-  const int r = fabric.global_rank();
-  const int w = fabric.world_size();
-  auto net = make_net();
-  auto reference = make_net();
-  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
-  torch::optim::Adam reference_adam(reference->parameters(), torch::optim::AdamOptions(1e-2));
-  auto [model, optimizer] = fabric.setup(net, adam);
-  auto& engine = *model.session().state();
-  int units_with_parameters = 0;
-  for (const auto& unit : engine.units()) units_with_parameters += unit.numel > 0 ? 1 : 0;
-
-  constexpr int accumulation = 4;
-  const int64_t micro = global_batch / w / accumulation;
-  std::uint64_t skipped_reductions = 0;
-  std::uint64_t synced_reductions = 0;
-  for (int step = 0; step < 4; ++step) {
-    const auto x = global_inputs(50 + step);
-    const auto y = global_targets(50 + step);
-    optimizer.zero_grad();
-    for (int m = 0; m < accumulation; ++m) {
-      const int64_t first = (r * accumulation + m) * micro;
-      const auto before = engine.counters().reduce_scatters;
-      auto run = [&] {
-        auto loss = torch::nn::functional::cross_entropy(model(x.narrow(0, first, micro)), y.narrow(0, first, micro));
-        fabric.backward(loss / accumulation);
-      };
-      if (m + 1 < accumulation) {
-        auto guard = fabric.no_backward_sync(model);
-        run();
-        skipped_reductions += engine.counters().reduce_scatters - before;
-      } else {
-        run();
-        synced_reductions = engine.counters().reduce_scatters - before;
-      }
-    }
-    optimizer.step();
-    reference_adam.zero_grad();
-    torch::nn::functional::cross_entropy(reference->forward(x), y).backward();
-    reference_adam.step();
-  }
-  LAW_EXPECT(skipped_reductions == 0, "%llu reduce-scatters were issued under no_backward_sync",
-             static_cast<unsigned long long>(skipped_reductions));
-  LAW_EXPECT(static_cast<int>(synced_reductions) == units_with_parameters,
-             "the synced backward issued %llu reduce-scatters for %d units",
-             static_cast<unsigned long long>(synced_reductions), units_with_parameters);
-  const auto mine = laws::flat(laws::full_parameters(model, net));
-  const double max_difference = (mine - laws::flat_of(reference)).abs().max().item<double>();
-  LAW_EXPECT(torch::allclose(mine, laws::flat_of(reference), 1e-4, 2e-5),
-             "accumulated FSDP differs from the full batch by %.3g", max_difference);
-  if (r == 0) {
-    std::printf("law (accumulation): 0 reduce-scatters in %d skipped backward passes x 4 steps (counted %llu); "
-                "%llu in the synced one for %d units; max |accumulated - full batch| = %.3g\n",
-                accumulation - 1, static_cast<unsigned long long>(skipped_reductions),
-                static_cast<unsigned long long>(synced_reductions), units_with_parameters, max_difference);
-    std::fflush(stdout);
-  }
-}
-
 // An embedding tied to the output layer, each in a unit of its own: the
 // weight is flattened once, into the root, with a warning; gradients equal
 // single device.
@@ -384,55 +338,6 @@ void law_tied_full_save() {
   if (r == 0) {
     std::printf("law (tied, full save): Adam over net->parameters() (the tied weight listed twice), a full save after "
                 "step 2 of 4: max |fsdp - single| = %.3g\n", max_difference);
-    std::fflush(stdout);
-  }
-}
-
-// A full checkpoint: written by rank 0, loads into single_device; loads back
-// into FSDP and training goes on exactly as without saving.
-void law_full_checkpoint() {
-  fsdp_fabric fabric({}, loom::fsdp(loom::fsdp_options{.state_dict = loom::state_dict_type::full}));
-  const int r = fabric.global_rank();
-  const int w = fabric.world_size();
-  const std::string path = laws::test_dir() + "/fsdp_full_" + std::to_string(w) + ".ckpt";
-  auto net = make_net();
-  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
-  auto [model, optimizer] = fabric.setup(net, adam);
-  const int64_t local = global_batch / w;
-  auto train = [&](int from, int to) {
-    for (int step = from; step < to; ++step) {
-      optimizer.zero_grad();
-      fabric.backward(torch::nn::functional::cross_entropy(model(global_inputs(step).narrow(0, r * local, local)),
-                                                           global_targets(step).narrow(0, r * local, local)));
-      optimizer.step();
-    }
-  };
-  train(0, 3);
-  fabric.save(path, {{"model", model}, {"optimizer", optimizer}, {"step", 3}});
-  const auto saved = laws::flat(laws::full_parameters(model, net));
-  train(3, 6);
-  const auto continued = laws::flat(laws::full_parameters(model, net));
-
-  if (r == 0) {
-    auto single = laws::outside_launcher<loom::Fabric<loom::cpu, loom::single_device>>();
-    at::manual_seed(7);
-    Net fresh;
-    torch::optim::Adam fresh_adam(fresh->parameters(), torch::optim::AdamOptions(1e-2));
-    auto [fresh_model, fresh_optimizer] = single.setup(fresh, fresh_adam);
-    single.load(path, {{"model", fresh_model}, {"optimizer", fresh_optimizer}});
-    LAW_EXPECT(torch::equal(laws::flat_of(fresh), saved), "a full FSDP checkpoint loads into single_device");
-  }
-  fabric.barrier();
-  // Back into FSDP: the same 3 steps again give the same parameters, bit for bit.
-  fabric.load(path, {{"model", model}, {"optimizer", optimizer}});
-  LAW_EXPECT(torch::equal(laws::flat(laws::full_parameters(model, net)), saved), "the full checkpoint loads back");
-  train(3, 6);
-  const auto again = laws::flat(laws::full_parameters(model, net));
-  LAW_EXPECT(torch::equal(again, continued), "training after load differs from training on by %.3g",
-             (again - continued).abs().max().item<double>());
-  if (r == 0) {
-    std::printf("law (full checkpoint): rank 0 wrote one file; single_device loads it; FSDP on %d ranks loads it and "
-                "continues bit for bit\n", w);
     std::fflush(stdout);
   }
 }
@@ -547,66 +452,51 @@ void law_reshard(const std::string& from) {
 int main(int argc, char** argv) {
   if (argc > 2 && std::string(argv[1]) == "load_check") return laws::load_check(argv[2]);
   if (argc > 3 && std::string(argv[1]) == "load_damaged") return laws::load_damaged(argv[2], argv[3]);
-  const std::string scenario = argc > 1 ? argv[1] : "laws";
-  const int devices = argc > 2 ? std::atoi(argv[2]) : 2;
-  try {
-    using loom::sharding_strategy;
+  using loom::sharding_strategy;
+  const auto every_strategy = {sharding_strategy::full_shard, sharding_strategy::shard_grad_op,
+                               sharding_strategy::no_shard};
+  auto make_launcher = [](const std::string& scenario, int devices) {
+    // HYBRID_SHARD: the launcher is the Fabric under test (one per process:
+    // the nodes meet through one TCP store on MASTER_PORT, which a second
+    // Fabric cannot host again).
     if (scenario == "hybrid") {
-      // One Fabric per process: several nodes meet through one TCP store on
-      // MASTER_PORT, which a second Fabric cannot host again.
-      fsdp_fabric fabric({.devices = loom::devices_spec(devices), .num_nodes = 2},
+      return fsdp_fabric({.devices = loom::devices_spec(devices), .num_nodes = 2},
                          loom::fsdp(loom::fsdp_options{.strategy = sharding_strategy::hybrid_shard}));
-      laws::rank_for_messages = fabric.global_rank();
-      LAW_EXPECT(fabric.world_size() == 4, "HYBRID_SHARD runs on 2 nodes x 2 ranks, not %d ranks", fabric.world_size());
-      laws::law_equivalence(fabric, make_net, "HYBRID_SHARD (replicate=2, shard=2)");
-      const bool everyone = fabric.reduce_boolean_decision(laws::failures == 0, /*all=*/true);
-      if (fabric.is_global_zero()) {
-        std::printf("fsdp laws (hybrid): world_size=%d %s\n", fabric.world_size(),
-                    everyone ? "all checks passed" : "FAILED");
-      }
-      return laws::failures == 0 ? 0 : 1;
     }
-    fsdp_fabric launcher({.devices = loom::devices_spec(devices)});
-    launcher.launch();
-    laws::rank_for_messages = launcher.global_rank();
-    if (scenario != "save_forever") laws::require_multi_rank(launcher, ("the FSDP laws (" + scenario + ")").c_str());
-    if (scenario == "laws") {
-      law_strategies({sharding_strategy::full_shard, sharding_strategy::shard_grad_op, sharding_strategy::no_shard});
-      law_variants();
-      law_checkpoint_rng();
-      law_cpu_offload();
-      law_bf16_mixed();
-      law_accumulation();
-      law_tied();
-      law_tied_full_save();
-      law_full_checkpoint();
-      law_sharded_checkpoint();
-      law_sharded_one_unit();
-    } else if (scenario == "laws_short") {
-      law_strategies({sharding_strategy::full_shard, sharding_strategy::shard_grad_op, sharding_strategy::no_shard});
-      law_full_checkpoint();
-    } else if (scenario == "tied") {
-      law_tied();
-      law_tied_full_save();
-    } else if (scenario == "bf16") {
-      law_bf16_mixed();
-    } else if (scenario == "reshard") {
-      law_reshard(test_dir() + "/sharded_2");
-    } else if (scenario == "save_forever") {
-      fsdp_fabric fabric({}, loom::fsdp());  // sharded saves
-      laws::save_forever(fabric);
-    } else {
-      std::fprintf(stderr, "fsdp_worker: unknown scenario %s\n", scenario.c_str());
-      return 2;
-    }
-    const bool everyone = launcher.reduce_boolean_decision(laws::failures == 0, /*all=*/true);
-    if (launcher.is_global_zero()) {
-      std::printf("fsdp laws (%s): world_size=%d %s\n", scenario.c_str(), launcher.world_size(),
-                  everyone ? "all checks passed" : "FAILED");
-    }
-    return laws::failures == 0 ? 0 : 1;
-  } catch (const std::exception& error) {
-    std::fprintf(stderr, "fsdp_worker rank %d: %s\n", laws::rank_for_messages, error.what());
-    return 1;
-  }
+    return fsdp_fabric({.devices = loom::devices_spec(devices)});
+  };
+  return laws::worker_main<fsdp_fabric>(
+      argc, argv, "fsdp laws", make_launcher,
+      {{"laws",
+        [&](fsdp_fabric&) {
+          law_strategies(every_strategy);
+          law_variants();
+          law_checkpoint_rng();
+          law_cpu_offload();
+          law_bf16_mixed();
+          law_tied();
+          law_tied_full_save();
+          law_sharded_checkpoint();
+          law_sharded_one_unit();
+        }},
+       {"laws_short", [&](fsdp_fabric&) { law_strategies(every_strategy); }},
+       {"tied",
+        [](fsdp_fabric&) {
+          law_tied();
+          law_tied_full_save();
+        }},
+       {"bf16", [](fsdp_fabric&) { law_bf16_mixed(); }},
+       {"reshard", [](fsdp_fabric&) { law_reshard(test_dir() + "/sharded_2"); }},
+       {"hybrid",
+        [](fsdp_fabric& fabric) {
+          LAW_EXPECT(fabric.world_size() == 4, "HYBRID_SHARD runs on 2 nodes x 2 ranks, not %d ranks",
+                     fabric.world_size());
+          laws::law_equivalence(fabric, make_net, "HYBRID_SHARD (replicate=2, shard=2)");
+        }},
+       {"save_forever",
+        [](fsdp_fabric&) {
+          fsdp_fabric fabric({}, loom::fsdp());  // sharded saves
+          laws::save_forever(fabric);
+        }}},
+      {"save_forever"});
 }

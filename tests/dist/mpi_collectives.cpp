@@ -9,6 +9,8 @@
 // refused says why.
 #include "../../src/comm/mpi_backend.hpp"
 
+#include "worker_harness.hpp"
+
 #include <loom/environment.hpp>
 #include <loom/errors.hpp>
 
@@ -26,18 +28,8 @@
 
 namespace {
 
-int failures = 0;
 int world_rank = 0;
-
-#define EXPECT(condition, ...)                                                   \
-  do {                                                                           \
-    if (!(condition)) {                                                          \
-      ++failures;                                                                \
-      std::fprintf(stderr, "rank %d: check failed (line %d): ", world_rank, __LINE__); \
-      std::fprintf(stderr, __VA_ARGS__);                                         \
-      std::fprintf(stderr, "\n");                                                \
-    }                                                                            \
-  } while (0)
+using laws::failures;
 
 using loom::comm::mpi_backend;
 
@@ -80,13 +72,13 @@ void collectives(mpi_backend& group, const char* label) {
       const at::Tensor expected = expected_reduction([&](int r) { return values(r, n, type); }, size, op);
       const double tolerance = tolerance_of(type);
       const bool ok = at::allclose(t.front().to(at::kDouble), expected, tolerance, tolerance);
-      EXPECT(ok, "%s all_reduce op %d on %s: got %s", label, static_cast<int>(op), name.c_str(),
+      LAW_EXPECT(ok, "%s all_reduce op %d on %s: got %s", label, static_cast<int>(op), name.c_str(),
              c10::str(t.front()).c_str());
     }
     // broadcast from the last rank.
     std::vector<at::Tensor> b{values(rank, n, type)};
     group.broadcast(b, c10d::BroadcastOptions{.rootRank = size - 1})->wait();
-    EXPECT(at::equal(b.front(), values(size - 1, n, type)), "%s broadcast on %s", label, name.c_str());
+    LAW_EXPECT(at::equal(b.front(), values(size - 1, n, type)), "%s broadcast on %s", label, name.c_str());
     // all_gather (list and flat).
     std::vector<std::vector<at::Tensor>> gathered(1);
     for (int r = 0; r < size; ++r) gathered.front().push_back(at::empty({n}, type));
@@ -96,9 +88,9 @@ void collectives(mpi_backend& group, const char* label) {
     at::Tensor mine = values(rank, n, type);
     group._allgather_base(flat, mine)->wait();
     for (int r = 0; r < size; ++r) {
-      EXPECT(at::equal(gathered.front()[static_cast<std::size_t>(r)], values(r, n, type)), "%s allgather %s rank %d",
+      LAW_EXPECT(at::equal(gathered.front()[static_cast<std::size_t>(r)], values(r, n, type)), "%s allgather %s rank %d",
              label, name.c_str(), r);
-      EXPECT(at::equal(flat.narrow(0, r * n, n), values(r, n, type)), "%s _allgather_base %s rank %d", label,
+      LAW_EXPECT(at::equal(flat.narrow(0, r * n, n), values(r, n, type)), "%s _allgather_base %s rank %d", label,
              name.c_str(), r);
     }
     // reduce_scatter (flat): chunk `rank` of every rank's input, summed.
@@ -107,14 +99,14 @@ void collectives(mpi_backend& group, const char* label) {
     group._reduce_scatter_base(out, input)->wait();
     at::Tensor expected = at::zeros({n}, at::kDouble);
     for (int r = 0; r < size; ++r) expected += values(r, size * n, type).to(at::kDouble).narrow(0, rank * n, n);
-    EXPECT(at::allclose(out.to(at::kDouble), expected, 2e-2, 2e-2), "%s reduce_scatter %s", label, name.c_str());
+    LAW_EXPECT(at::allclose(out.to(at::kDouble), expected, 2e-2, 2e-2), "%s reduce_scatter %s", label, name.c_str());
     // alltoall_base, equal parts: row r of every rank lands on rank r.
     at::Tensor rows = values(rank, size * 3, type).view({size, 3});
     at::Tensor received = at::empty({size, 3}, type);
     std::vector<int64_t> none;
     group.alltoall_base(received, rows, none, none)->wait();
     for (int r = 0; r < size; ++r) {
-      EXPECT(at::equal(received[r], values(r, size * 3, type).view({size, 3})[rank]), "%s alltoall %s from %d", label,
+      LAW_EXPECT(at::equal(received[r], values(r, size * 3, type).view({size, 3})[rank]), "%s alltoall %s from %d", label,
              name.c_str(), r);
     }
   }
@@ -135,23 +127,23 @@ void collectives(mpi_backend& group, const char* label) {
     gathering->wait();
     broadcast->wait();
     pending->wait();
-    EXPECT(at::equal(t.front(), at::full({big}, size * (size + 1) / 2.0f)), "%s large all_reduce", label);
-    EXPECT(at::equal(b.front(), at::zeros({big})), "%s large broadcast", label);
+    LAW_EXPECT(at::equal(t.front(), at::full({big}, size * (size + 1) / 2.0f)), "%s large all_reduce", label);
+    LAW_EXPECT(at::equal(b.front(), at::zeros({big})), "%s large broadcast", label);
     for (int r = 0; r < size; ++r) {
-      EXPECT(at::equal(gathered.narrow(0, r * big, big), at::full({big}, static_cast<float>(r))), "%s large all_gather",
+      LAW_EXPECT(at::equal(gathered.narrow(0, r * big, big), at::full({big}, static_cast<float>(r))), "%s large all_gather",
              label);
     }
-    EXPECT(at::equal(scattered, at::full({big}, static_cast<float>(size))), "%s large reduce_scatter", label);
+    LAW_EXPECT(at::equal(scattered, at::full({big}, static_cast<float>(size))), "%s large reduce_scatter", label);
   }
   // A non-contiguous tensor is reduced and written back in place.
   at::Tensor matrix = at::ones({4, 6}).t();
   std::vector<at::Tensor> strided{matrix};
   group.allreduce(strided)->wait();
-  EXPECT(at::equal(matrix, at::full({6, 4}, static_cast<float>(size))), "%s non-contiguous all_reduce", label);
+  LAW_EXPECT(at::equal(matrix, at::full({6, 4}, static_cast<float>(size))), "%s non-contiguous all_reduce", label);
   // Bitwise reductions on integers.
   std::vector<at::Tensor> bits{at::full({4}, std::int64_t{1} << rank, at::kLong)};
   group.allreduce(bits, c10d::AllreduceOptions{.reduceOp = c10d::ReduceOp::BOR})->wait();
-  EXPECT(bits.front()[0].item<std::int64_t>() == (std::int64_t{1} << size) - 1, "%s BOR", label);
+  LAW_EXPECT(bits.front()[0].item<std::int64_t>() == (std::int64_t{1} << size) - 1, "%s BOR", label);
   // Several in flight, waited in reverse: each holds its own result.
   std::vector<std::vector<at::Tensor>> many;
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
@@ -160,7 +152,7 @@ void collectives(mpi_backend& group, const char* label) {
   for (int k = 7; k >= 0; --k) works[static_cast<std::size_t>(k)]->wait();
   for (int k = 0; k < 8; ++k) {
     const double expected = size * k + size * (size - 1) / 2.0;
-    EXPECT(many[static_cast<std::size_t>(k)].front()[0].item<double>() == expected, "%s in flight %d", label, k);
+    LAW_EXPECT(many[static_cast<std::size_t>(k)].front()[0].item<double>() == expected, "%s in flight %d", label, k);
   }
   // gather / scatter at root 0.
   std::vector<std::vector<at::Tensor>> gather_out(1);
@@ -171,7 +163,7 @@ void collectives(mpi_backend& group, const char* label) {
   group.gather(gather_out, gather_in, c10d::GatherOptions{.rootRank = 0})->wait();
   if (rank == 0) {
     for (int r = 0; r < size; ++r) {
-      EXPECT(at::equal(gather_out.front()[static_cast<std::size_t>(r)], values(r, n, at::kFloat)), "%s gather %d",
+      LAW_EXPECT(at::equal(gather_out.front()[static_cast<std::size_t>(r)], values(r, n, at::kFloat)), "%s gather %d",
              label, r);
     }
   }
@@ -181,7 +173,7 @@ void collectives(mpi_backend& group, const char* label) {
   }
   std::vector<at::Tensor> scatter_out{at::empty({n})};
   group.scatter(scatter_out, scatter_in, c10d::ScatterOptions{.rootRank = 0})->wait();
-  EXPECT(at::equal(scatter_out.front(), values(rank, n, at::kFloat)), "%s scatter", label);
+  LAW_EXPECT(at::equal(scatter_out.front(), values(rank, n, at::kFloat)), "%s scatter", label);
   // Point to point around the ring, and a receive from any source.
   std::vector<at::Tensor> outgoing{values(rank, n, at::kFloat)};
   std::vector<at::Tensor> incoming{at::empty({n})};
@@ -189,12 +181,12 @@ void collectives(mpi_backend& group, const char* label) {
   auto sending = group.send(outgoing, (rank + 1) % size, 7);
   sending->wait();
   receiving->wait();
-  EXPECT(at::equal(incoming.front(), values((rank + size - 1) % size, n, at::kFloat)), "%s ring send/recv", label);
+  LAW_EXPECT(at::equal(incoming.front(), values((rank + size - 1) % size, n, at::kFloat)), "%s ring send/recv", label);
   if (rank == 0) {
     std::vector<at::Tensor> any{at::empty({n})};
     auto from = group.recvAnysource(any, 9);
     from->wait();
-    EXPECT(from->sourceRank() == size - 1 && at::equal(any.front(), values(size - 1, n, at::kFloat)),
+    LAW_EXPECT(from->sourceRank() == size - 1 && at::equal(any.front(), values(size - 1, n, at::kFloat)),
            "%s recvAnysource: source %d", label, from->sourceRank());
   } else if (rank == size - 1) {
     std::vector<at::Tensor> t{values(rank, n, at::kFloat)};
@@ -216,7 +208,7 @@ bool shared_memory_expected() {
 void large_reductions(mpi_backend& group, const char* label) {
   const int rank = group.getRank();
   const int size = group.getSize();
-  EXPECT(group.shares_memory() == shared_memory_expected(), "%s: shares_memory() is %d", label,
+  LAW_EXPECT(group.shares_memory() == shared_memory_expected(), "%s: shares_memory() is %d", label,
          static_cast<int>(group.shares_memory()));
   const std::uint64_t shared_before = group.shared_reductions();
   std::uint64_t reductions = 0;
@@ -238,13 +230,13 @@ void large_reductions(mpi_backend& group, const char* label) {
       ++reductions;
       const at::Tensor expected = expected_reduction(exact_values, size, op);
       const double tolerance = tolerance_of(type);
-      EXPECT(at::allclose(t.front().to(at::kDouble), expected, tolerance, tolerance), "%s large all_reduce op %d on %s",
+      LAW_EXPECT(at::allclose(t.front().to(at::kDouble), expected, tolerance, tolerance), "%s large all_reduce op %d on %s",
              label, static_cast<int>(op), name.c_str());
       // The replicas agree bit for bit.
       at::Tensor all = at::empty({size * n}, type);
       group._allgather_base(all, t.front())->wait();
       for (int r = 0; r < size; ++r) {
-        EXPECT(at::equal(all.narrow(0, r * n, n), t.front()), "%s large all_reduce op %d on %s: rank %d differs",
+        LAW_EXPECT(at::equal(all.narrow(0, r * n, n), t.front()), "%s large all_reduce op %d on %s: rank %d differs",
                label, static_cast<int>(op), name.c_str(), r);
       }
     }
@@ -253,13 +245,13 @@ void large_reductions(mpi_backend& group, const char* label) {
   std::vector<at::Tensor> long_one{at::full({(std::int64_t{3} << 19) + 7}, static_cast<float>(rank + 1))};
   group.allreduce(long_one)->wait();
   ++reductions;
-  EXPECT(at::equal(long_one.front(), at::full_like(long_one.front(), size * (size + 1) / 2.0f)), "%s 6 MiB all_reduce",
+  LAW_EXPECT(at::equal(long_one.front(), at::full_like(long_one.front(), size * (size + 1) / 2.0f)), "%s 6 MiB all_reduce",
          label);
   at::Tensor matrix = at::full({300, 1024}, static_cast<float>(rank)).t();
   std::vector<at::Tensor> strided{matrix};
   group.allreduce(strided)->wait();
   ++reductions;
-  EXPECT(at::equal(matrix, at::full({1024, 300}, size * (size - 1) / 2.0f)), "%s large non-contiguous all_reduce", label);
+  LAW_EXPECT(at::equal(matrix, at::full({1024, 300}, size * (size - 1) / 2.0f)), "%s large non-contiguous all_reduce", label);
   // min and max through shared memory propagate a NaN of any rank's.
   if (group.shares_memory()) {
     for (auto op : {c10d::ReduceOp::MIN, c10d::ReduceOp::MAX}) {
@@ -267,16 +259,16 @@ void large_reductions(mpi_backend& group, const char* label) {
       if (rank == size - 1) t.front()[5] = std::numeric_limits<float>::quiet_NaN();
       group.allreduce(t, c10d::AllreduceOptions{.reduceOp = op})->wait();
       ++reductions;
-      EXPECT(std::isnan(t.front()[5].item<float>()) && at::isnan(t.front()).sum().item<std::int64_t>() == 1,
+      LAW_EXPECT(std::isnan(t.front()[5].item<float>()) && at::isnan(t.front()).sum().item<std::int64_t>() == 1,
              "%s: op %d lost a NaN", label, static_cast<int>(op));
     }
   }
   // The bitwise reductions stay with MPI.
   std::vector<at::Tensor> bits{at::full({1 << 18}, std::int64_t{1} << rank, at::kLong)};
   group.allreduce(bits, c10d::AllreduceOptions{.reduceOp = c10d::ReduceOp::BOR})->wait();
-  EXPECT(bits.front()[0].item<std::int64_t>() == (std::int64_t{1} << size) - 1, "%s large BOR", label);
+  LAW_EXPECT(bits.front()[0].item<std::int64_t>() == (std::int64_t{1} << size) - 1, "%s large BOR", label);
   const std::uint64_t through_shared = group.shared_reductions() - shared_before;
-  EXPECT(through_shared == (group.shares_memory() ? reductions : 0), "%s: %llu of %llu large all-reduces went through "
+  LAW_EXPECT(through_shared == (group.shares_memory() ? reductions : 0), "%s: %llu of %llu large all-reduces went through "
          "shared memory", label, static_cast<unsigned long long>(through_shared),
          static_cast<unsigned long long>(reductions));
 }
@@ -304,16 +296,16 @@ void mismatched_calls(mpi_backend& group, const char* label) {
     return false;
   };
   const std::int64_t n = 1 << 18;  // a MiB of float: the longer call has two pieces
-  EXPECT(fails_naming_both(at::ones({last ? n + 4 : n}), "rank 0 has " + std::to_string(size == 1 ? n + 4 : n) +
+  LAW_EXPECT(fails_naming_both(at::ones({last ? n + 4 : n}), "rank 0 has " + std::to_string(size == 1 ? n + 4 : n) +
                                                              " elements of Float (sum)",
                            "rank " + std::to_string(size - 1) + " has " + std::to_string(n + 4) + " elements of Float (sum)"),
          "%s: all_reduce of %lld against %lld elements not refused by name", label, static_cast<long long>(n),
          static_cast<long long>(n + 4));
-  EXPECT(fails_naming_both(at::ones({last ? 1 : 0}), "has 0 elements of Float", "has 1 elements of Float"),
+  LAW_EXPECT(fails_naming_both(at::ones({last ? 1 : 0}), "has 0 elements of Float", "has 1 elements of Float"),
          "%s: an empty all_reduce against one element not refused", label);
   std::vector<at::Tensor> after{at::ones({n})};
   group.allreduce(after)->wait();
-  EXPECT(at::equal(after.front(), at::full({n}, static_cast<float>(size))), "%s: the group after refused calls",
+  LAW_EXPECT(at::equal(after.front(), at::full({n}, static_cast<float>(size))), "%s: the group after refused calls",
          label);
 }
 
@@ -333,8 +325,8 @@ void send_then_all_reduce(mpi_backend& group, const char* label) {
     if (rank == 1) group.recv(message, 0, 11)->wait();
     group.allreduce(t)->wait();
   }
-  EXPECT(at::equal(message.front(), at::full({1 << 20}, 7.0f)), "%s: the message before the all-reduce", label);
-  EXPECT(at::equal(t.front(), at::full({1 << 18}, static_cast<float>(group.getSize()))), "%s: the all-reduce after "
+  LAW_EXPECT(at::equal(message.front(), at::full({1 << 20}, 7.0f)), "%s: the message before the all-reduce", label);
+  LAW_EXPECT(at::equal(t.front(), at::full({1 << 18}, static_cast<float>(group.getSize()))), "%s: the all-reduce after "
          "a message", label);
 }
 
@@ -357,9 +349,9 @@ void shared_memory_timeout(MPI_Comm comm) {
   if (rank == last) {
     // It passes the first piece's meeting (the others had arrived there),
     // then waits alone at the second, which they left.
-    EXPECT(error.find("did not arrive within the timeout") != std::string::npos, "the late rank: '%s'", error.c_str());
+    LAW_EXPECT(error.find("did not arrive within the timeout") != std::string::npos, "the late rank: '%s'", error.c_str());
   } else {
-    EXPECT(error.find("rank(s) " + std::to_string(last) + " did not arrive within the timeout of 300 ms") !=
+    LAW_EXPECT(error.find("rank(s) " + std::to_string(last) + " did not arrive within the timeout of 300 ms") !=
                std::string::npos,
            "the late rank was not named: '%s'", error.c_str());
     std::string next;
@@ -368,7 +360,7 @@ void shared_memory_timeout(MPI_Comm comm) {
     } catch (const loom::peer_error& e) {
       next = e.what();
     }
-    EXPECT(next.find("out of step") != std::string::npos, "a timed-out group took more work: '%s'", next.c_str());
+    LAW_EXPECT(next.find("out of step") != std::string::npos, "a timed-out group took more work: '%s'", next.c_str());
   }
   MPI_Barrier(comm);
 }
@@ -383,22 +375,22 @@ void refusals(mpi_backend& group) {
     return false;
   };
   std::vector<at::Tensor> two{at::ones({2}), at::ones({2})};
-  EXPECT(says([&] { group.allreduce(two); }, "one tensor per call"), "two tensors not refused");
+  LAW_EXPECT(says([&] { group.allreduce(two); }, "one tensor per call"), "two tensors not refused");
   std::vector<at::Tensor> floats{at::ones({2})};
-  EXPECT(says([&] { group.allreduce(floats, c10d::AllreduceOptions{.reduceOp = c10d::ReduceOp::BAND}); },
+  LAW_EXPECT(says([&] { group.allreduce(floats, c10d::AllreduceOptions{.reduceOp = c10d::ReduceOp::BAND}); },
               "bitwise reductions take integer"),
          "BAND on floats not refused");
   std::vector<at::Tensor> complex{at::ones({2}, at::kComplexFloat)};
-  EXPECT(says([&] { group.allreduce(complex); }, "are not supported"), "complex not refused");
+  LAW_EXPECT(says([&] { group.allreduce(complex); }, "are not supported"), "complex not refused");
   at::Tensor small = at::empty({3});
   at::Tensor in = at::ones({2});
-  EXPECT(says([&] { group._allgather_base(small, in); }, "needs size x input"), "a wrong all_gather size not refused");
+  LAW_EXPECT(says([&] { group._allgather_base(small, in); }, "needs size x input"), "a wrong all_gather size not refused");
   // A malformed LOOM_MPI_* setting is refused by name when a group is made,
   // before the group touches MPI (a peer with a good one would wait for it).
   for (const auto& [name, value] : {std::pair{"LOOM_MPI_PIECE_BYTES", "4M"}, std::pair{"LOOM_MPI_SHARED_MEMORY", "no"},
                                     std::pair{"LOOM_MPI_YIELD_US", "-1"}}) {
     ::setenv(name, value, 1);
-    EXPECT(says([&] { (void)mpi_backend::create(MPI_COMM_WORLD, std::chrono::seconds(5)); },
+    LAW_EXPECT(says([&] { (void)mpi_backend::create(MPI_COMM_WORLD, std::chrono::seconds(5)); },
                 std::string(name) + "='" + value + "' is not accepted: give a whole number from"),
            "%s=%s not refused", name, value);
     ::unsetenv(name);
@@ -411,6 +403,7 @@ int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  laws::rank_for_messages = world_rank;
   int world_size = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
   try {
@@ -431,8 +424,8 @@ int main(int argc, char** argv) {
       world->allreduce(t)->wait();
       if (world_rank == 1) MPI_Recv(&token, 1, MPI_INT, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
       if (world_rank == 0 && world_size > 1) MPI_Wait(&pending, MPI_STATUS_IGNORE);
-      EXPECT(world_rank > 1 || token == 42, "the application's message was taken by loom's group");
-      EXPECT(world->completed() > 0, "nothing completed");
+      LAW_EXPECT(world_rank > 1 || token == 42, "the application's message was taken by loom's group");
+      LAW_EXPECT(world->completed() > 0, "nothing completed");
     }
     if (shared_memory_expected()) shared_memory_timeout(MPI_COMM_WORLD);
     // A split of the application's communicator: two independent groups.
@@ -445,7 +438,7 @@ int main(int argc, char** argv) {
         group->allreduce(t)->wait();
         float expected = 0;
         for (int r = world_rank % 2; r < world_size; r += 2) expected += static_cast<float>(r);
-        EXPECT(t.front()[0].item<float>() == expected, "split group of parity %d: got %f", world_rank % 2,
+        LAW_EXPECT(t.front()[0].item<float>() == expected, "split group of parity %d: got %f", world_rank % 2,
                t.front()[0].item<float>());
         collectives(*group, "split");
         large_reductions(*group, "split");

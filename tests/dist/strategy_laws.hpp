@@ -1,7 +1,12 @@
-// The laws every data-parallel strategy obeys against single_device, written
-// once over the Fabric type and instantiated per strategy by the workers
-// (fsdp_worker.cpp). Each rank gets different rows of the same global batch.
+// The laws every strategy obeys against single_device, written once over the
+// Fabric type and instantiated per strategy by the workers (ddp, fsdp, zero
+// and tp_worker.cpp): equivalence (N ranks with B/N rows equal one with B),
+// the gradient norm, accumulation under no_backward_sync, and the
+// checkpoint round trip. Each data-parallel rank gets different rows of the
+// same global batch (batch_split).
 #pragma once
+
+#include "worker_harness.hpp"
 
 #include <loom/environment.hpp>
 #include <loom/loom.hpp>
@@ -13,40 +18,20 @@
 #include <torch/optim/adam.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <limits>
 #include <map>
+#include <memory>
 #include <type_traits>
 #include <string>
 #include <vector>
 
 namespace laws {
 
-inline int failures = 0;
-inline int rank_for_messages = -1;
-#define LAW_EXPECT(condition, ...)                                                                     \
-  do {                                                                                                 \
-    if (!(condition)) {                                                                                \
-      ++laws::failures;                                                                                \
-      std::fprintf(stderr, "rank %d: check failed (%s:%d): ", laws::rank_for_messages, __FILE__, __LINE__); \
-      std::fprintf(stderr, __VA_ARGS__);                                                               \
-      std::fprintf(stderr, "\n");                                                                      \
-    }                                                                                                  \
-  } while (0)
-
 constexpr int64_t global_batch = 32;
-
-// A law "N ranks equal one" checked on one rank compares one process with
-// itself and cannot fail: every multi-rank law first asserts that it runs
-// on more than one rank (a launcher that started one process, or a
-// world-size variable lost on the way, fails here instead of passing).
-template <class F>
-void require_multi_rank(F& fabric, const char* what) {
-  LAW_EXPECT(fabric.world_size() > 1, "%s ran on world size %d: a multi-rank law needs more than one rank", what,
-             fabric.world_size());
-}
 
 // Builds a Fabric that loom-run's flags do not describe (single_device in
 // one rank, a second strategy beside the launched one): loom-run's check of
@@ -90,6 +75,25 @@ std::vector<at::Tensor> full_parameters(Model& model, Net& net) {
   }
   return out;
 }
+// ... under any strategy: model_parallel's tensor-parallel chunks are
+// gathered over the tensor-parallel group too (inside the engine's gather
+// on the data-parallel dimension, as its full checkpoints are).
+template <class F, class Model, class Net>
+std::vector<at::Tensor> full_parameters(F& fabric, Model& model, Net& net) {
+  if constexpr (requires { fabric.strategy().device_mesh(); }) {
+    std::vector<at::Tensor> out;
+    std::vector<std::weak_ptr<loom::detail::fsdp_engine>> engines;
+    if (model.session().state()) engines.push_back(model.session().state());
+    loom::detail::with_full_engines(engines, {}, /*write_back=*/false, /*root=*/-1, [&] {
+      loom::tp::with_full_parameters({net.get()}, fabric.strategy().device_mesh().group("tensor_parallel"), {}, [&] {
+        for (const auto& p : net->parameters()) out.push_back(p.detach().clone());
+      }, /*write_back=*/false);
+    });
+    return out;
+  } else {
+    return full_parameters(model, net);
+  }
+}
 inline at::Tensor flat(const std::vector<at::Tensor>& tensors) {
   std::vector<at::Tensor> parts;
   for (const auto& t : tensors) parts.push_back(t.reshape({-1}));
@@ -100,6 +104,21 @@ at::Tensor flat_of(Net& net) {
   std::vector<at::Tensor> parts;
   for (const auto& p : net->parameters()) parts.push_back(p.detach().reshape({-1}));
   return at::cat(parts);
+}
+
+// Which rows of the global batch this rank trains on: the data-parallel
+// rank among `size` (every rank of a tensor-parallel group sees the same rows).
+struct batch_split {
+  int rank = 0;
+  int size = 1;
+  at::Tensor rows(const at::Tensor& global) const {
+    const int64_t local = global.size(0) / size;
+    return global.narrow(0, rank * local, local);
+  }
+};
+template <class F>
+batch_split data_parallel_split(F& fabric) {
+  return {fabric.global_rank(), fabric.world_size()};
 }
 
 // How far the strategy may be from one process, and why (stated by the caller).
@@ -118,26 +137,27 @@ struct equivalence_result {
 // equal `steps` steps of one process with B (within tolerance: only the
 // order of float additions differs); every rank holds bit-identical
 // parameters after every step; clip_gradients returns the single-device norm.
-// make() builds the model (same seed: same initial weights everywhere).
-template <class F, class Make>
-equivalence_result law_equivalence(F& fabric, Make&& make, const char* what, int steps = 20,
-                                   bool build_optimizer_after_setup = false, tolerance allowed = {}) {
+// make() builds the model (same seed: same initial weights everywhere),
+// make_reference() the same model for one process (make() may build a
+// parallelized one); split says which rows this rank trains on.
+template <class F, class Make, class MakeReference>
+equivalence_result law_equivalence(F& fabric, Make&& make, MakeReference&& make_reference, const char* what,
+                                   batch_split split, int steps = 20, bool build_optimizer_after_setup = false,
+                                   tolerance allowed = {}) {
   require_multi_rank(fabric, what);
-  const int r = fabric.global_rank();
   const int w = fabric.world_size();
   auto net = make();
-  auto reference = make();
+  auto reference = make_reference();
   auto options = torch::optim::AdamOptions(1e-2);
   torch::optim::Adam reference_adam(reference->parameters(), options);
   equivalence_result result;
+  const int64_t local = global_batch / split.size;
   auto run = [&](auto& model, auto& optimizer) {
-    const int64_t local = global_batch / w;
     for (int step = 0; step < steps; ++step) {
       const auto x = global_inputs(step);
       const auto y = global_targets(step);
       optimizer.zero_grad();
-      auto loss = torch::nn::functional::cross_entropy(model(x.narrow(0, r * local, local)),
-                                                       y.narrow(0, r * local, local));
+      auto loss = torch::nn::functional::cross_entropy(model(split.rows(x)), split.rows(y));
       fabric.backward(loss);
       const auto norm = fabric.clip_gradients(model, optimizer, loom::clip_options{.max_norm = 1e9});
       optimizer.step();
@@ -154,14 +174,14 @@ equivalence_result law_equivalence(F& fabric, Make&& make, const char* what, int
                  reference_norm);
       reference_adam.step();
 
-      const auto mine = flat(full_parameters(model, net));
+      const auto mine = flat(full_parameters(fabric, model, net));
       const auto everyone = fabric.all_gather(mine);
       for (int k = 1; k < w; ++k) {
         LAW_EXPECT(torch::equal(everyone[0], everyone[k]), "%s step %d: rank %d's gathered parameters differ", what,
                    step, k);
       }
     }
-    const auto strategy = flat(full_parameters(model, net));
+    const auto strategy = flat(full_parameters(fabric, model, net));
     const auto single = flat_of(reference);
     result.max_difference = (strategy - single).abs().max().template item<double>();
     // Each rank sums its rows, then the shards are averaged across ranks:
@@ -189,7 +209,7 @@ equivalence_result law_equivalence(F& fabric, Make&& make, const char* what, int
     auto [model, optimizer] = fabric.setup(net, adam);
     run(model, optimizer);
   }
-  if (r == 0) {
+  if (fabric.global_rank() == 0) {
     std::printf("law (equivalence) %s: world_size=%d max |strategy - single| after %d Adam steps = %.3g "
                 "(rtol %g, atol %g); max |norm - single norm| = %.3g\n",
                 what, w, steps, result.max_difference, allowed.rtol, allowed.atol, result.norm_difference);
@@ -197,20 +217,11 @@ equivalence_result law_equivalence(F& fabric, Make&& make, const char* what, int
   }
   return result;
 }
-
-// Which rows of the global batch this rank trains on: the data-parallel
-// rank among `size` (every rank of a tensor-parallel group sees the same rows).
-struct batch_split {
-  int rank = 0;
-  int size = 1;
-  at::Tensor rows(const at::Tensor& global) const {
-    const int64_t local = global.size(0) / size;
-    return global.narrow(0, rank * local, local);
-  }
-};
-template <class F>
-batch_split data_parallel_split(F& fabric) {
-  return {fabric.global_rank(), fabric.world_size()};
+template <class F, class Make>
+equivalence_result law_equivalence(F& fabric, Make&& make, const char* what, int steps = 20,
+                                   bool build_optimizer_after_setup = false, tolerance allowed = {}) {
+  return law_equivalence(fabric, make, make, what, data_parallel_split(fabric), steps, build_optimizer_after_setup,
+                         allowed);
 }
 
 // What single_device's clip_gradients throws for these options on gradients
@@ -284,6 +295,168 @@ void law_gradient_norm(F& fabric, Make&& make, MakeReference&& make_reference, c
 template <class F, class Make>
 void law_gradient_norm(F& fabric, Make&& make, const char* what) {
   law_gradient_norm(fabric, make, make, what, data_parallel_split(fabric));
+}
+
+// Sets up make()'s model with Adam (jointly, as every strategy takes it).
+// The model's gradient reductions so far (DDP's bucket all-reduces, the
+// sharding engine's reduce-scatters and all-reduces; 0 without an engine).
+template <class Model>
+std::uint64_t gradient_reductions(Model& model) {
+  auto& state = model.session().state();
+  if constexpr (requires { state->collectives_issued(); }) {
+    return state->collectives_issued();
+  } else {
+    if (!state) return 0;
+    const auto& counters = state->counters();
+    return counters.reduce_scatters + counters.all_reduces;
+  }
+}
+
+// Law: gradient accumulation over `accumulation` micro-batches, all but the
+// last under no_backward_sync, equals one step on the whole batch
+// (single_device, within tolerance); the skipped backward passes issue no
+// gradient reduction (from the third step: DDP broadcasts its learnt bucket
+// order once, in a forward), the synced one at least one. after(model,
+// reductions of the last synced backward) adds a strategy's own checks.
+struct no_more_checks {
+  template <class Model>
+  void operator()(Model& /*model*/, std::uint64_t /*synced*/) const {}
+};
+template <class F, class Make, class MakeReference, class After = no_more_checks>
+void law_accumulation(F& fabric, Make&& make, MakeReference&& make_reference, const char* what, batch_split split,
+                      After&& after = {}, tolerance allowed = {}) {
+  require_multi_rank(fabric, what);
+  constexpr int accumulation = 4;
+  constexpr int steps = 4;
+  auto net = make();
+  auto reference = make_reference();
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
+  torch::optim::Adam reference_adam(reference->parameters(), torch::optim::AdamOptions(1e-2));
+  auto [model, optimizer] = fabric.setup(net, adam);
+  const int64_t micro = global_batch / split.size / accumulation;
+  std::uint64_t skipped = 0, synced = 0;
+  for (int step = 0; step < steps; ++step) {
+    const at::Tensor x = global_inputs(50 + step), y = global_targets(50 + step);
+    optimizer.zero_grad();
+    for (int m = 0; m < accumulation; ++m) {
+      const int64_t first = (split.rank * accumulation + m) * micro;
+      const std::uint64_t before = gradient_reductions(model);
+      auto run = [&] {
+        fabric.backward(torch::nn::functional::cross_entropy(model(x.narrow(0, first, micro)), y.narrow(0, first, micro)) /
+                        accumulation);
+      };
+      if (m + 1 < accumulation) {
+        auto guard = fabric.no_backward_sync(model);
+        run();
+        if (step >= 2) skipped += gradient_reductions(model) - before;
+      } else {
+        run();
+        synced = gradient_reductions(model) - before;
+      }
+    }
+    optimizer.step();
+    reference_adam.zero_grad();
+    torch::nn::functional::cross_entropy(reference->forward(x), y).backward();
+    reference_adam.step();
+  }
+  const at::Tensor mine = flat(full_parameters(fabric, model, net));
+  const double difference = (mine - flat_of(reference)).abs().max().template item<double>();
+  LAW_EXPECT(torch::allclose(mine, flat_of(reference), allowed.rtol, allowed.atol),
+             "%s: accumulated over %d micro-batches differs from the whole batch by %.3g", what, accumulation,
+             difference);
+  LAW_EXPECT(skipped == 0, "%s: %llu gradient reductions under no_backward_sync", what,
+             static_cast<unsigned long long>(skipped));
+  if constexpr (requires { fabric.strategy().device_mesh(); }) {
+    // (without a data-parallel engine nothing is reduced across replicas)
+  } else {
+    LAW_EXPECT(synced > 0, "%s: the synced backward reduced nothing", what);
+  }
+  if (fabric.global_rank() == 0) {
+    std::printf("law (accumulation) %s: %d micro-batches, %d under no_backward_sync: max |accumulated - whole "
+                "batch| = %.3g; 0 reductions skipped, %llu in the synced backward\n",
+                what, accumulation, accumulation - 1, difference, static_cast<unsigned long long>(synced));
+    std::fflush(stdout);
+  }
+  after(model, synced);
+}
+template <class F, class Make, class After = no_more_checks>
+void law_accumulation(F& fabric, Make&& make, const char* what, After&& after = {}) {
+  law_accumulation(fabric, make, make, what, data_parallel_split(fabric), after);
+}
+
+// Law: save is the identity. 3 Adam steps, fabric.save (model, optimizer,
+// a step count), 3 more; then fabric.load of the save and the same 3 steps
+// again give the same parameters bit for bit (the optimizer state came
+// back). single_device (another program, in effect) loads the save into a
+// model whose weights differ: it gets the saved parameters exactly, and its
+// 3 steps on the whole batch from the loaded state equal the strategy's
+// (within tolerance).
+template <class F, class Make, class MakeReference>
+void law_checkpoint_round_trip(F& fabric, Make&& make, MakeReference&& make_reference, const char* what,
+                               batch_split split, tolerance allowed = {}) {
+  require_multi_rank(fabric, what);
+  static int saves = 0;
+  const std::string path = loom::cluster::setting_text("LOOM_TEST_DIR").value_or("/tmp") + "/round_trip_" +
+                           std::to_string(saves++) + "_of_" + std::to_string(fabric.world_size());
+  auto net = make();
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
+  auto [model, optimizer] = fabric.setup(net, adam);
+  auto train = [&](auto& m, auto& o, int from, int to) {
+    for (int step = from; step < to; ++step) {
+      o.zero_grad();
+      fabric.backward(torch::nn::functional::cross_entropy(m(split.rows(global_inputs(step))),
+                                                           split.rows(global_targets(step))));
+      o.step();
+    }
+  };
+  train(model, optimizer, 0, 3);
+  fabric.save(path, {{"model", model}, {"optimizer", optimizer}, {"step", 3}});
+  const at::Tensor saved = flat(full_parameters(fabric, model, net));
+  train(model, optimizer, 3, 6);
+  const at::Tensor continued = flat(full_parameters(fabric, model, net));
+
+  double single_difference = 0;
+  if (fabric.global_rank() == 0) {
+    auto single = outside_launcher<loom::Fabric<loom::cpu, loom::single_device>>();
+    auto fresh = make_reference();
+    {
+      at::NoGradGuard no_grad;
+      for (auto& p : fresh->parameters()) p.add_(1.0);
+    }
+    torch::optim::Adam fresh_adam(fresh->parameters(), torch::optim::AdamOptions(1e-2));
+    auto [fresh_model, fresh_optimizer] = single.setup(fresh, fresh_adam);
+    auto rest = single.load(path, {{"model", fresh_model}, {"optimizer", fresh_optimizer}});
+    LAW_EXPECT(torch::equal(flat_of(fresh), saved), "%s: single_device loads other parameters than were saved", what);
+    LAW_EXPECT(rest.contains("step") && rest.template get<int>("step") == 3, "%s: the step entry did not come back",
+               what);
+    const batch_split whole;
+    for (int step = 3; step < 6; ++step) {
+      fresh_optimizer.zero_grad();
+      single.backward(torch::nn::functional::cross_entropy(fresh_model(whole.rows(global_inputs(step))),
+                                                           whole.rows(global_targets(step))));
+      fresh_optimizer.step();
+    }
+    single_difference = (flat_of(fresh) - continued).abs().max().template item<double>();
+    LAW_EXPECT(torch::allclose(flat_of(fresh), continued, allowed.rtol, allowed.atol),
+               "%s: single_device's 3 steps from the loaded state differ from the strategy's by %.3g", what,
+               single_difference);
+  }
+  fabric.barrier();
+  fabric.load(path, {{"model", model}, {"optimizer", optimizer}});
+  LAW_EXPECT(torch::equal(flat(full_parameters(fabric, model, net)), saved), "%s: the save does not load back", what);
+  train(model, optimizer, 3, 6);
+  const at::Tensor again = flat(full_parameters(fabric, model, net));
+  LAW_EXPECT(torch::equal(again, continued), "%s: training after the load differs from training on by %.3g", what,
+             (again - continued).abs().max().template item<double>());
+  if (fabric.global_rank() == 0) {
+    std::printf("law (checkpoint round trip) %s: save, load, 3 Adam steps equal training on bit for bit; "
+                "single_device loads it and its 3 steps differ by %.3g\n", what, single_difference);
+    std::fflush(stdout);
+  }
+}
+template <class F, class Make>
+void law_checkpoint_round_trip(F& fabric, Make&& make, const char* what) {
+  law_checkpoint_round_trip(fabric, make, make, what, data_parallel_split(fabric));
 }
 
 }  // namespace laws

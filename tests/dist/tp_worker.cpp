@@ -4,7 +4,8 @@
 //          gradients equal the single-device model's (the sharded ones equal
 //          its gradient's slice), one all-reduce in forward and one in
 //          backward, 1/tp of the sharded weights' bytes per rank, the
-//          clipping norm, and 20 Adam steps;
+//          clipping norm; then the shared laws (equivalence, gradient
+//          norm, accumulation, checkpoint round trip);
 //   block  a transformer block with attention heads split: forward, gradients,
 //          2 + 2 collectives, 20 Adam steps;
 //   sequence  the block with sequence parallelism: each all-reduce becomes an
@@ -68,16 +69,13 @@ double max_difference(const at::Tensor& a, const at::Tensor& b) { return (a - b)
 // The slice of a full tensor this rank's shard holds.
 at::Tensor slice_of(const at::Tensor& full, int64_t dim, int rank, int size) { return full.chunk(size, dim)[rank]; }
 
-int run_mlp() {
+void run_mlp() {
   loom::Fabric<loom::cpu, loom::model_parallel, loom::fp32> fabric(
       {}, loom::model_parallel(loom::model_parallel_options{
               .parallelize_fn = [](torch::nn::Module& module,
                                    loom::comm::device_mesh& mesh) { loom::tp::parallelize_module(module, mesh, mlp_plan); }}));
-  fabric.launch();
   const int r = fabric.global_rank();
   const int tp = fabric.world_size();
-  laws::rank_for_messages = r;
-  laws::require_multi_rank(fabric, "tp mlp");
   LAW_EXPECT(fabric.strategy().device_mesh().size("tensor_parallel") == tp &&
                  fabric.strategy().device_mesh().size("data_parallel") == 1,
              "the mesh is 1 x %d", tp);
@@ -169,33 +167,11 @@ int run_mlp() {
                 static_cast<unsigned long long>(after_backward - after_forward), norm ? *norm : -1.0, expected_norm);
   }
 
-  // 20 Adam steps against the reference's (the clipped step above included).
-  torch::optim::Adam reference_adam(reference->parameters(), torch::optim::AdamOptions(1e-2));
-  optimizer.step();
-  reference_adam.step();
-  for (int step = 1; step < 20; ++step) {
-    optimizer.zero_grad();
-    fabric.backward(torch::nn::functional::cross_entropy(model(laws::global_inputs(step)), laws::global_targets(step)));
-    optimizer.step();
-    reference_adam.zero_grad();
-    torch::nn::functional::cross_entropy(reference->forward(laws::global_inputs(step)), laws::global_targets(step))
-        .backward();
-    reference_adam.step();
-  }
-  double trained = 0;
-  trained = std::max(trained, max_difference(net->up->weight, slice_of(reference->up->weight, 0, r, tp)));
-  trained = std::max(trained, max_difference(net->down->weight, slice_of(reference->down->weight, 1, r, tp)));
-  trained = std::max(trained, max_difference(net->down->bias, reference->down->bias));
-  trained = std::max(trained, max_difference(net->head->weight, reference->head->weight));
-  LAW_EXPECT(trained < 2e-5, "after 20 Adam steps the weights differ by %.3g", trained);
+  // Training: the shared laws (strategy_laws.hpp), the group seeing the whole batch.
+  laws::law_equivalence(fabric, seeded<Mlp>, seeded<ReferenceMlp>, "tp mlp", laws::batch_split{0, 1});
   laws::law_gradient_norm(fabric, seeded<Mlp>, seeded<ReferenceMlp>, "tp mlp", laws::batch_split{0, 1});
-  const bool everyone = fabric.reduce_boolean_decision(laws::failures == 0, /*all=*/true);
-  if (r == 0) {
-    std::printf("law (tp): column-then-row MLP, tensor_parallel=%d: max |tp - single| after 20 Adam steps = %.3g\n",
-                tp, trained);
-    std::printf("tp mlp: world_size=%d %s\n", tp, everyone ? "all checks passed" : "FAILED");
-  }
-  return laws::failures == 0 ? 0 : 1;
+  laws::law_accumulation(fabric, seeded<Mlp>, seeded<ReferenceMlp>, "tp mlp", laws::batch_split{0, 1});
+  laws::law_checkpoint_round_trip(fabric, seeded<Mlp>, seeded<ReferenceMlp>, "tp mlp", laws::batch_split{0, 1});
 }
 
 // A transformer block (bench/tp_block.hpp: pre-norm causal attention, then an
@@ -212,17 +188,14 @@ M seeded_block() {
 
 // sequence: the sequence-parallel plan (the residual stream sharded along
 // the sequence, LayerNorms in sequence-parallel regions).
-int run_block(bool sequence) {
+void run_block(bool sequence) {
   loom::Fabric<loom::cpu, loom::model_parallel, loom::fp32> fabric(
       {}, loom::model_parallel(loom::model_parallel_options{
               .parallelize_fn = [sequence](torch::nn::Module& module, loom::comm::device_mesh& mesh) {
                 loom_bench::parallelize_block(module, mesh, sequence);
               }}));
-  fabric.launch();
   const int r = fabric.global_rank();
   const int tp = fabric.world_size();
-  laws::rank_for_messages = r;
-  laws::require_multi_rank(fabric, "tp block");
   auto reference = seeded_block<ReferenceBlock>();
   auto net = seeded_block<Block>();
   torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-3));
@@ -304,7 +277,6 @@ int run_block(bool sequence) {
                             max_difference(net->w2->weight, slice_of(reference->w2->weight, 1, r, tp)));
   trained = std::max(trained, max_difference(net->ln1->weight, reference->ln1->weight));
   LAW_EXPECT(trained < 2e-5, "after 20 Adam steps the block's weights differ by %.3g", trained);
-  const bool everyone = fabric.reduce_boolean_decision(laws::failures == 0, /*all=*/true);
   if (r == 0) {
     std::printf("tp %s: %lld of %lld heads per rank; forward max diff %.3g, gradients %.3g, collectives forward "
                 "%llu backward %llu\n",
@@ -314,10 +286,7 @@ int run_block(bool sequence) {
                 static_cast<unsigned long long>(after_backward - after_forward));
     std::printf("law (tp): transformer block, heads split%s, tensor_parallel=%d: max |tp - single| after 20 Adam "
                 "steps = %.3g\n", sequence ? ", sequence parallel" : "", tp, trained);
-    std::printf("tp %s: world_size=%d %s\n", sequence ? "sequence" : "block", tp,
-                everyone ? "all checks passed" : "FAILED");
   }
-  return laws::failures == 0 ? 0 : 1;
 }
 
 // The MLP's plan on a 2 x 2 mesh (data parallel 2 x tensor parallel 2).
@@ -333,12 +302,9 @@ loom::model_parallel mlp_on_2x2_mesh() {
 // engine on the data-parallel dimension): each data-parallel rank trains on
 // its half of the global batch; after 20 Adam steps the model's outputs on
 // a fresh batch equal single_device's trained on the whole batch.
-int run_mesh() {
+void run_mesh() {
   loom::Fabric<loom::cpu, loom::model_parallel, loom::fp32> fabric({}, mlp_on_2x2_mesh());
-  fabric.launch();
   const int r = fabric.global_rank();
-  laws::rank_for_messages = r;
-  laws::require_multi_rank(fabric, "tp mesh");
   auto& strategy = fabric.strategy();
   const int dp = strategy.device_mesh().coordinate("data_parallel");
   LAW_EXPECT(strategy.sampler_replicas() == 2 && strategy.sampler_rank() == dp && dp == r / 2,
@@ -374,16 +340,17 @@ int run_mesh() {
   const at::Tensor out = model(probe);
   const double difference = max_difference(out, reference->forward(probe));
   LAW_EXPECT(difference < 2e-5, "2 x 2 mesh: outputs after 20 Adam steps differ by %.3g", difference);
+  laws::law_equivalence(fabric, seeded<Mlp>, seeded<ReferenceMlp>, "tp 2 x 2 mesh", laws::batch_split{dp, 2});
   laws::law_gradient_norm(fabric, seeded<Mlp>, seeded<ReferenceMlp>, "tp 2 x 2 mesh", laws::batch_split{dp, 2});
-  const bool everyone = fabric.reduce_boolean_decision(laws::failures == 0, /*all=*/true);
+  laws::law_accumulation(fabric, seeded<Mlp>, seeded<ReferenceMlp>, "tp 2 x 2 mesh", laws::batch_split{dp, 2});
+  laws::law_checkpoint_round_trip(fabric, seeded<Mlp>, seeded<ReferenceMlp>, "tp 2 x 2 mesh",
+                                  laws::batch_split{dp, 2});
   if (r == 0) {
     std::printf("law (tp): 2 x 2 mesh (data parallel 2 with FSDP x tensor parallel 2), batch %lld per data-parallel "
                 "rank, clipped by norm each step: max |outputs - single| after 20 Adam steps = %.3g, clipping norm "
                 "relative error %.3g\n",
                 static_cast<long long>(half), difference, norm_error);
-    std::printf("tp mesh: world_size=%d %s\n", fabric.world_size(), everyone ? "all checks passed" : "FAILED");
   }
-  return laws::failures == 0 ? 0 : 1;
 }
 
 // Checkpoints of a 2 x 2 mesh (FSDP on data parallel 2 x tensor parallel 2),
@@ -393,12 +360,9 @@ int run_mesh() {
 // optimizer state came back); the full save and the distributed one both
 // load into single_device with the same outputs. tp.sh then consolidates
 // the distributed one and compares it with the full file.
-int run_checkpoint(const std::string& directory) {
+void run_checkpoint(const std::string& directory) {
   loom::Fabric<loom::cpu, loom::model_parallel, loom::fp32> fabric({}, mlp_on_2x2_mesh());
-  fabric.launch();
   const int r = fabric.global_rank();
-  laws::rank_for_messages = r;
-  laws::require_multi_rank(fabric, "tp checkpoint");
   const int dp = fabric.strategy().device_mesh().coordinate("data_parallel");
   const int64_t half = global_batch / 2;
   auto step_on = [&](auto& model, auto& optimizer, int step) {
@@ -452,22 +416,19 @@ int run_checkpoint(const std::string& directory) {
                "single_device loads them with outputs differing by %.3g (full) and %.3g (distributed)", single_full,
                single_distributed);
   }
-  const bool everyone = fabric.reduce_boolean_decision(laws::failures == 0, /*all=*/true);
   if (r == 0) {
     std::printf("law (tp): 2 x 2 mesh checkpoints: the distributed save (4 rank files + meta.pt) loads on a fresh 2 x "
                 "2 model with equal outputs and an equal next Adam step; single_device loads the full file (outputs "
                 "differ by %.3g) and the distributed directory (%.3g)\n",
                 single_full, single_distributed);
-    std::printf("tp checkpoint: world_size=%d %s\n", fabric.world_size(), everyone ? "all checks passed" : "FAILED");
   }
-  return laws::failures == 0 ? 0 : 1;
 }
 
 // Dropout masks: identical across the group where the activations are
 // replicated (a torch::nn::Dropout, the global generator seeded alike on
 // every rank), independent where they are sharded (sequence_parallel: a
 // generator per rank, from the global seed).
-int run_dropout() {
+void run_dropout() {
   struct TwoImpl : torch::nn::Module {
     TwoImpl()
         : replicated(register_module("replicated", loom::tp::Dropout(0.5))),
@@ -475,9 +436,7 @@ int run_dropout() {
     loom::tp::Dropout replicated, sharded;
   };
   loom::Fabric<loom::cpu, loom::parallel> fabric({}, loom::parallel());
-  fabric.launch();
   laws::rank_for_messages = fabric.global_rank();
-  laws::require_multi_rank(fabric, "tp dropout");
   auto two = std::make_shared<TwoImpl>();
   at::manual_seed(11);
   loom::tp::parallelize_module(*two, fabric.strategy().group(), {{"sharded", loom::tp::sequence_parallel{}}});
@@ -492,13 +451,10 @@ int run_dropout() {
   LAW_EXPECT(same_replicated, "replicated activations: the masks must agree across the group");
   LAW_EXPECT(differ_sharded, "sequence-sharded activations: the masks must differ across the group");
   LAW_EXPECT(std::abs(kept - 0.5) < 0.05, "the sharded dropout kept %.3f of the values (p = 0.5)", kept);
-  const bool everyone = fabric.reduce_boolean_decision(laws::failures == 0, /*all=*/true);
   if (fabric.is_global_zero()) {
     std::printf("tp dropout: replicated masks equal across ranks %d, sequence-parallel masks differ %d, kept %.3f\n",
                 same_replicated, differ_sharded, kept);
-    std::printf("tp dropout: world_size=%d %s\n", fabric.world_size(), everyone ? "all checks passed" : "FAILED");
   }
-  return laws::failures == 0 ? 0 : 1;
 }
 
 // Vocabulary-parallel (row-wise) and column-wise Embeddings.
@@ -512,7 +468,7 @@ struct EmbedImpl : torch::nn::Module {
 using Embed = torch::nn::ModuleHolder<EmbedImpl<loom::tp::Embedding>>;
 using ReferenceEmbed = torch::nn::ModuleHolder<EmbedImpl<torch::nn::Embedding>>;
 
-int run_embed() {
+void run_embed() {
   const loom::tp::parallelize_plan plan{{"vocab", loom::tp::rowwise_parallel{.input_layout = loom::tp::replicate()}},
                                         {"wide", loom::tp::colwise_parallel{.output_layout = loom::tp::replicate()}}};
   loom::Fabric<loom::cpu, loom::model_parallel, loom::fp32> fabric(
@@ -520,11 +476,8 @@ int run_embed() {
               .parallelize_fn = [&plan](torch::nn::Module& module, loom::comm::device_mesh& mesh) {
                 loom::tp::parallelize_module(module, mesh, plan);
               }}));
-  fabric.launch();
   const int r = fabric.global_rank();
   const int tp = fabric.world_size();
-  laws::rank_for_messages = r;
-  laws::require_multi_rank(fabric, "tp embed");
   auto reference = seeded<ReferenceEmbed>();
   (void)fabric.strategy().device_mesh();  // the mesh's groups first: what is counted below is the model's
   auto& counter = loom_bench::install_counting_allocator();
@@ -561,12 +514,9 @@ int run_embed() {
                max_difference(net->wide->weight.grad(), slice_of(reference->wide->weight.grad(), 1, r, tp)));
   LAW_EXPECT(forward_difference < 1e-6 && gradient_difference < 1e-6, "embeddings: forward %.3g, gradients %.3g",
              forward_difference, gradient_difference);
-  const bool everyone = fabric.reduce_boolean_decision(laws::failures == 0, /*all=*/true);
   if (r == 0) {
     std::printf("tp embed: forward max diff %.3g, gradients %.3g\n", forward_difference, gradient_difference);
-    std::printf("tp embed: world_size=%d %s\n", tp, everyone ? "all checks passed" : "FAILED");
   }
-  return laws::failures == 0 ? 0 : 1;
 }
 
 bool refused_with(const std::function<void()>& body, const std::string& expected) {
@@ -580,9 +530,8 @@ bool refused_with(const std::function<void()>& body, const std::string& expected
   return false;
 }
 
-int run_plan() {
+void run_plan() {
   loom::Fabric<loom::cpu, loom::parallel> fabric({}, loom::parallel());
-  fabric.launch();
   laws::rank_for_messages = fabric.global_rank();
   loom::comm::process_group& group = fabric.strategy().group();
   LAW_EXPECT(refused_with(
@@ -624,30 +573,23 @@ int run_plan() {
                  },
                  "data_parallel_size 2 x tensor_parallel_size 3 = 6 ranks, but the world size is 4"),
              "sizes that do not multiply to the world are refused, naming the three numbers");
-  const bool everyone = fabric.reduce_boolean_decision(laws::failures == 0, /*all=*/true);
   if (fabric.is_global_zero()) {
-    std::printf("tp plan: world_size=%d %s\n", fabric.world_size(), everyone ? "all checks passed" : "FAILED");
   }
-  return laws::failures == 0 ? 0 : 1;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string scenario = argc > 1 ? argv[1] : "mlp";
-  try {
-    if (scenario == "mlp") return run_mlp();
-    if (scenario == "embed") return run_embed();
-    if (scenario == "block") return run_block(false);
-    if (scenario == "sequence") return run_block(true);
-    if (scenario == "dropout") return run_dropout();
-    if (scenario == "mesh") return run_mesh();
-    if (scenario == "plan") return run_plan();
-    if (scenario == "checkpoint" && argc > 2) return run_checkpoint(argv[2]);
-  } catch (const std::exception& error) {
-    std::fprintf(stderr, "tp_worker %s rank %d: %s\n", scenario.c_str(), laws::rank_for_messages, error.what());
-    return 1;
-  }
-  std::fprintf(stderr, "tp_worker: unknown scenario '%s'\n", scenario.c_str());
-  return 2;
+  // Every scenario runs under loom-run, which says how many ranks.
+  using launcher = loom::Fabric<loom::cpu, loom::model_parallel, loom::fp32>;
+  const std::string directory = argc > 2 ? argv[2] : "";
+  return laws::worker_main<launcher>(argc, argv, "tp laws", [](const std::string&, int) { return launcher(); },
+                                     {{"mlp", [](launcher&) { run_mlp(); }},
+                                      {"embed", [](launcher&) { run_embed(); }},
+                                      {"block", [](launcher&) { run_block(false); }},
+                                      {"sequence", [](launcher&) { run_block(true); }},
+                                      {"dropout", [](launcher&) { run_dropout(); }},
+                                      {"mesh", [](launcher&) { run_mesh(); }},
+                                      {"plan", [](launcher&) { run_plan(); }},
+                                      {"checkpoint", [&](launcher&) { run_checkpoint(directory); }}});
 }

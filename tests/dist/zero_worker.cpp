@@ -53,6 +53,8 @@ void law_stages() {
     zero_fabric fabric({}, stage(s));
     laws::law_equivalence(fabric, make_net, ("ZeRO stage " + std::to_string(s)).c_str());
     laws::law_gradient_norm(fabric, make_net, ("ZeRO stage " + std::to_string(s)).c_str());
+    laws::law_accumulation(fabric, make_net, ("ZeRO stage " + std::to_string(s)).c_str());
+    laws::law_checkpoint_round_trip(fabric, make_net, ("ZeRO stage " + std::to_string(s)).c_str());
   }
   {
     zero_fabric fabric({}, stage(3));
@@ -712,52 +714,39 @@ void law_reshard() {
 int main(int argc, char** argv) {
   if (argc > 3 && std::string(argv[1]) == "load_damaged") return laws::load_damaged(argv[2], argv[3]);
   if (argc > 2 && std::string(argv[1]) == "load_check") return laws::load_check(argv[2]);
-  const std::string scenario = argc > 1 ? argv[1] : "laws";
-  const int devices = argc > 2 ? std::atoi(argv[2]) : 2;
-  try {
-    zero_fabric launcher({.devices = loom::devices_spec(devices)});
-    launcher.launch();
-    laws::rank_for_messages = launcher.global_rank();
-    if (scenario != "save_forever") laws::require_multi_rank(launcher, ("the ZeRO laws (" + scenario + ")").c_str());
-    if (scenario == "laws") {
-      law_stages();
-      for (int s : {1, 2, 3}) law_accumulation_from_json(s, /*through_environment=*/s == 3);
-      law_accumulation_from_json(2, false, /*set_to_none=*/true);
-      law_accumulation_from_json(3, false, /*set_to_none=*/false);
-      law_against_ddp();
-      law_bf16();
-      law_two_models();
-      law_nvme();
-      law_nvme_bf16();
-      for (int s : {1, 2, 3}) law_checkpoint(loom::deepspeed_options{.stage = s});
-      for (int s : {1, 3}) law_checkpoint<loom::Fabric<loom::cpu, loom::deepspeed, loom::bf16_mixed>>(
-          loom::deepspeed_options{.stage = s}, "_bf16");
-      law_checkpoint(nvme_options(/*parameters=*/false), "_nvme");
-      law_checkpoint(nvme_options(/*parameters=*/true), "_nvme_params");
-      law_checkpoint<loom::Fabric<loom::cpu, loom::deepspeed, loom::bf16_mixed>>(nvme_options(true), "_bf16_nvme");
-      law_exclude_frozen();
-    } else if (scenario == "zero_grad") {
-      law_accumulation_from_json(2, false, /*set_to_none=*/true);
-      law_accumulation_from_json(3, false, /*set_to_none=*/false);
-    } else if (scenario == "two_models") {
-      law_two_models();
-    } else if (scenario == "reshard") {
-      law_reshard();
-    } else if (scenario == "save_forever") {
-      zero_fabric fabric({}, stage(3));  // DeepSpeed-layout saves
-      laws::save_forever(fabric);
-    } else {
-      std::fprintf(stderr, "zero_worker: unknown scenario %s\n", scenario.c_str());
-      return 2;
-    }
-    const bool everyone = launcher.reduce_boolean_decision(laws::failures == 0, /*all=*/true);
-    if (launcher.is_global_zero()) {
-      std::printf("zero laws (%s): world_size=%d %s\n", scenario.c_str(), launcher.world_size(),
-                  everyone ? "all checks passed" : "FAILED");
-    }
-    return laws::failures == 0 ? 0 : 1;
-  } catch (const std::exception& error) {
-    std::fprintf(stderr, "zero_worker rank %d: %s\n", laws::rank_for_messages, error.what());
-    return 1;
-  }
+  using bf16_fabric = loom::Fabric<loom::cpu, loom::deepspeed, loom::bf16_mixed>;
+  return laws::worker_main<zero_fabric>(
+      argc, argv, "zero laws",
+      [](const std::string&, int devices) { return zero_fabric({.devices = loom::devices_spec(devices)}); },
+      {{"laws",
+        [](zero_fabric&) {
+          law_stages();
+          for (int s : {1, 2, 3}) law_accumulation_from_json(s, /*through_environment=*/s == 3);
+          law_accumulation_from_json(2, false, /*set_to_none=*/true);
+          law_accumulation_from_json(3, false, /*set_to_none=*/false);
+          law_against_ddp();
+          law_bf16();
+          law_two_models();
+          law_nvme();
+          law_nvme_bf16();
+          for (int s : {1, 2, 3}) law_checkpoint(loom::deepspeed_options{.stage = s});
+          for (int s : {1, 3}) law_checkpoint<bf16_fabric>(loom::deepspeed_options{.stage = s}, "_bf16");
+          law_checkpoint(nvme_options(/*parameters=*/false), "_nvme");
+          law_checkpoint(nvme_options(/*parameters=*/true), "_nvme_params");
+          law_checkpoint<bf16_fabric>(nvme_options(true), "_bf16_nvme");
+          law_exclude_frozen();
+        }},
+       {"zero_grad",
+        [](zero_fabric&) {
+          law_accumulation_from_json(2, false, /*set_to_none=*/true);
+          law_accumulation_from_json(3, false, /*set_to_none=*/false);
+        }},
+       {"two_models", [](zero_fabric&) { law_two_models(); }},
+       {"reshard", [](zero_fabric&) { law_reshard(); }},
+       {"save_forever",
+        [](zero_fabric&) {
+          zero_fabric fabric({}, stage(3));  // DeepSpeed-layout saves
+          laws::save_forever(fabric);
+        }}},
+      {"save_forever"});
 }
