@@ -42,74 +42,31 @@ TORCH_MODULE(Net);
 
 using ddp_fabric = loom::Fabric<loom::cpu, loom::ddp, loom::fp32>;
 
-constexpr int64_t global_batch = 32;
+// The shared data (rank r takes rows [r * B/W, (r + 1) * B/W) of each global batch).
+using laws::global_batch;
+using laws::global_inputs;
+using laws::global_targets;
 
-// The same data everywhere: rank r takes rows [r * B/W, (r + 1) * B/W) of each global batch.
-at::Tensor global_inputs(int step) {
-  auto generator = at::detail::createCPUGenerator(1000 + step);
-  return at::randn({global_batch, 16}, generator);
-}
-at::Tensor global_targets(int step) {
-  auto generator = at::detail::createCPUGenerator(2000 + step);
-  return at::randint(0, 4, {global_batch}, generator);
-}
-
-at::Tensor flat_parameters(const Net& net) {
-  std::vector<at::Tensor> parts;
-  for (const auto& p : net->parameters()) parts.push_back(p.detach().reshape({-1}));
-  return at::cat(parts);
-}
+at::Tensor flat_parameters(const Net& net) { return laws::flat_of(net); }
 
 Net make_net(bool with_branch = false) {
   at::manual_seed(42);  // ranks that differ here are made equal by DDP's broadcast
   return Net(with_branch);
 }
 
-// (a) and (b): bit-identical parameters on all ranks after every step; 20
-// steps of DDP with B/W rows per rank equal 20 steps of one process with B.
+// (a) and (b): the shared equivalence law (bit-identical ranks after every
+// step; 20 steps on B/W rows per rank equal one process on B), from a
+// different initialisation on every rank: setup must broadcast rank 0's
+// (which is make_net()'s).
 void law_equivalence(ddp_fabric& fabric) {
   const int r = fabric.global_rank();
-  const int w = fabric.world_size();
-  at::manual_seed(100 + r);  // a different init on every rank: DDP must broadcast rank 0's
-  Net net;
-  auto reference = make_net();
-  // Rank 0's initial weights are what make_net() gives everywhere.
-  if (r == 0) {
-    at::NoGradGuard no_grad;
-    for (std::size_t i = 0; i < net->parameters().size(); ++i) net->parameters()[i].copy_(reference->parameters()[i]);
-  }
-  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  torch::optim::SGD reference_sgd(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  auto [model, optimizer] = fabric.setup(net, sgd);
-  LAW_EXPECT(torch::equal(flat_parameters(net), flat_parameters(reference)), "setup broadcast rank 0's parameters");
-
-  const int64_t local = global_batch / w;
-  for (int step = 0; step < 20; ++step) {
-    const auto x = global_inputs(step);
-    const auto y = global_targets(step);
-    optimizer.zero_grad();
-    auto loss = torch::nn::functional::cross_entropy(model(x.narrow(0, r * local, local)), y.narrow(0, r * local, local));
-    fabric.backward(loss);
-    optimizer.step();
-
-    reference_sgd.zero_grad();
-    torch::nn::functional::cross_entropy(reference->forward(x), y).backward();
-    reference_sgd.step();
-
-    const auto everyone = fabric.all_gather(flat_parameters(net));
-    for (int k = 1; k < w; ++k) LAW_EXPECT(torch::equal(everyone[0], everyone[k]), "step %d: rank %d's parameters differ", step, k);
-  }
-  // The mean of per-rank mean losses is the mean loss of the global batch, so
-  // the averaged gradient is the same; only the order of float additions
-  // differs (each rank sums its half, then the halves are added). fp32 has a
-  // 6e-8 relative rounding step; 20 momentum steps amplify it to ~1e-6.
-  const auto ddp = flat_parameters(net);
-  const auto single = flat_parameters(reference);
-  const double max_difference = (ddp - single).abs().max().item<double>();
-  LAW_EXPECT(torch::allclose(ddp, single, /*rtol=*/1e-4, /*atol=*/1e-5),
-         "DDP on %d ranks with batch %ld each differs from one process with batch %ld by %.3g", w, local,
-         global_batch, max_difference);
-  if (r == 0) std::printf("law (b): max |ddp - single| after 20 steps = %.3g (atol 1e-5, rtol 1e-4)\n", max_difference);
+  auto make = [r] {
+    if (r == 0) return make_net();
+    at::manual_seed(100 + r);
+    return Net();
+  };
+  laws::law_equivalence(fabric, make, [] { return make_net(); }, "DDP, each rank initialised apart",
+                        laws::data_parallel_split(fabric));
 }
 
 // (c): the shared accumulation law (strategy_laws.hpp) with small buckets,

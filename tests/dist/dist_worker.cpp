@@ -34,9 +34,7 @@ namespace {
 using laws::failures;
 using laws::rank_for_messages;
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
+using laws::seconds_since;
 
 std::chrono::milliseconds timeout_from_env() {
   return std::chrono::milliseconds(loom::cluster::setting_integer("LOOM_TEST_TIMEOUT_MS", 1, 1LL << 40).value_or(60000));

@@ -17,6 +17,7 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adam.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -145,6 +146,7 @@ equivalence_result law_equivalence(F& fabric, Make&& make, MakeReference&& make_
                                    batch_split split, int steps = 20, bool build_optimizer_after_setup = false,
                                    tolerance allowed = {}) {
   require_multi_rank(fabric, what);
+  const auto started = std::chrono::steady_clock::now();
   const int w = fabric.world_size();
   auto net = make();
   auto reference = make_reference();
@@ -211,8 +213,9 @@ equivalence_result law_equivalence(F& fabric, Make&& make, MakeReference&& make_
   }
   if (fabric.global_rank() == 0) {
     std::printf("law (equivalence) %s: world_size=%d max |strategy - single| after %d Adam steps = %.3g "
-                "(rtol %g, atol %g); max |norm - single norm| = %.3g\n",
-                what, w, steps, result.max_difference, allowed.rtol, allowed.atol, result.norm_difference);
+                "(rtol %g, atol %g); max |norm - single norm| = %.3g (%.2f s)\n",
+                what, w, steps, result.max_difference, allowed.rtol, allowed.atol, result.norm_difference,
+                seconds_since(started));
     std::fflush(stdout);
   }
   return result;
@@ -244,6 +247,7 @@ template <class F, class Make, class MakeReference>
 void law_gradient_norm(F& fabric, Make&& make, MakeReference&& make_reference, const char* what,
                        batch_split split, double norm_rtol = 1e-5) {
   require_multi_rank(fabric, what);
+  const auto started = std::chrono::steady_clock::now();
   auto net = make();
   auto reference = make_reference();
   torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
@@ -288,7 +292,7 @@ void law_gradient_norm(F& fabric, Make&& make, MakeReference&& make_reference, c
              unchecked.value_or(0));
   if (fabric.global_rank() == 0) {
     std::printf("law (gradient norm) %s: orders 1, 2, inf within %.3g of single device (relative); a NaN "
-                "gradient raises single_device's error\n", what, worst);
+                "gradient raises single_device's error (%.2f s)\n", what, worst, seconds_since(started));
     std::fflush(stdout);
   }
 }
@@ -326,6 +330,7 @@ template <class F, class Make, class MakeReference, class After = no_more_checks
 void law_accumulation(F& fabric, Make&& make, MakeReference&& make_reference, const char* what, batch_split split,
                       After&& after = {}, tolerance allowed = {}) {
   require_multi_rank(fabric, what);
+  const auto started = std::chrono::steady_clock::now();
   constexpr int accumulation = 4;
   constexpr int steps = 4;
   auto net = make();
@@ -373,8 +378,9 @@ void law_accumulation(F& fabric, Make&& make, MakeReference&& make_reference, co
   }
   if (fabric.global_rank() == 0) {
     std::printf("law (accumulation) %s: %d micro-batches, %d under no_backward_sync: max |accumulated - whole "
-                "batch| = %.3g; 0 reductions skipped, %llu in the synced backward\n",
-                what, accumulation, accumulation - 1, difference, static_cast<unsigned long long>(synced));
+                "batch| = %.3g; 0 reductions skipped, %llu in the synced backward (%.2f s)\n",
+                what, accumulation, accumulation - 1, difference, static_cast<unsigned long long>(synced),
+                seconds_since(started));
     std::fflush(stdout);
   }
   after(model, synced);
@@ -395,6 +401,7 @@ template <class F, class Make, class MakeReference>
 void law_checkpoint_round_trip(F& fabric, Make&& make, MakeReference&& make_reference, const char* what,
                                batch_split split, tolerance allowed = {}) {
   require_multi_rank(fabric, what);
+  const auto started = std::chrono::steady_clock::now();
   static int saves = 0;
   const std::string path = loom::cluster::setting_text("LOOM_TEST_DIR").value_or("/tmp") + "/round_trip_" +
                            std::to_string(saves++) + "_of_" + std::to_string(fabric.world_size());
@@ -450,7 +457,8 @@ void law_checkpoint_round_trip(F& fabric, Make&& make, MakeReference&& make_refe
              (again - continued).abs().max().template item<double>());
   if (fabric.global_rank() == 0) {
     std::printf("law (checkpoint round trip) %s: save, load, 3 Adam steps equal training on bit for bit; "
-                "single_device loads it and its 3 steps differ by %.3g\n", what, single_difference);
+                "single_device loads it and its 3 steps differ by %.3g (%.2f s)\n", what, single_difference,
+                seconds_since(started));
     std::fflush(stdout);
   }
 }

@@ -5,6 +5,7 @@
 // main is a template over the launcher Fabric.
 #pragma once
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -17,6 +18,11 @@ namespace laws {
 
 inline int failures = 0;
 inline int rank_for_messages = -1;
+
+// Wall seconds since `start`, for the laws' printed lines (not asserted on).
+inline double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
 }  // namespace laws
 

@@ -12,6 +12,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <fstream>
@@ -284,6 +285,39 @@ void law_bf16() {
     std::printf("law (bf16): stages 1, 2, 3 under bf16-mixed agree bit for bit; bf16 module, fp32 masters and Adam "
                 "state; max |zero - the recipe by hand on one process| after %d Adam steps = %.3g (required 0)\n",
                 steps, difference);
+    std::fflush(stdout);
+  }
+}
+
+// The config's gradient_clipping (DeepSpeed's 2-norm, inside step) under
+// bf16, whose fp32 masters it clips: a NaN in the last rank's rows raises
+// single_device's error on every rank and the parameters stay as they were
+// (before, the coefficient was taken as 1 and the step went on with NaN).
+void law_config_clipping_nonfinite() {
+  loom::Fabric<loom::cpu, loom::deepspeed, loom::bf16_mixed> fabric(
+      {}, loom::deepspeed(loom::deepspeed_options{.config = R"({"zero_optimization": {"stage": 2}, "gradient_clipping": 0.05})"}));
+  auto net = make_net();
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
+  auto [model, optimizer] = fabric.setup(net, adam);
+  const laws::batch_split split = laws::data_parallel_split(fabric);
+  at::Tensor x = global_inputs(0);
+  x.narrow(0, global_batch - 1, 1).fill_(std::numeric_limits<float>::quiet_NaN());
+  optimizer.zero_grad();
+  fabric.backward(torch::nn::functional::cross_entropy(model(split.rows(x)), split.rows(global_targets(0))));
+  const at::Tensor before = laws::flat(laws::full_parameters(model, net));
+  std::string raised = "(no error)";
+  try {
+    optimizer.step();
+  } catch (const c10::Error& error) {
+    raised = error.what_without_backtrace();
+  }
+  LAW_EXPECT(raised.find("The total norm of order 2 for gradients from `parameters` is non-finite") == 0,
+             "gradient_clipping over a NaN gradient: %s", raised.c_str());
+  LAW_EXPECT(torch::equal(laws::flat(laws::full_parameters(model, net)), before),
+             "a refused step changed the parameters");
+  if (laws::rank_for_messages == 0) {
+    std::printf("law (config clipping, NaN): bf16 stage 2 with gradient_clipping 0.05: a NaN gradient raises "
+                "torch's error in step on every rank, parameters unchanged\n");
     std::fflush(stdout);
   }
 }
@@ -727,6 +761,7 @@ int main(int argc, char** argv) {
           law_against_ddp();
           law_bf16();
           law_two_models();
+          law_config_clipping_nonfinite();
           law_nvme();
           law_nvme_bf16();
           for (int s : {1, 2, 3}) law_checkpoint(loom::deepspeed_options{.stage = s});
@@ -741,7 +776,11 @@ int main(int argc, char** argv) {
           law_accumulation_from_json(2, false, /*set_to_none=*/true);
           law_accumulation_from_json(3, false, /*set_to_none=*/false);
         }},
-       {"two_models", [](zero_fabric&) { law_two_models(); }},
+       {"two_models",
+        [](zero_fabric&) {
+          law_two_models();
+          law_config_clipping_nonfinite();
+        }},
        {"reshard", [](zero_fabric&) { law_reshard(); }},
        {"save_forever",
         [](zero_fabric&) {
