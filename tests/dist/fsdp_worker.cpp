@@ -491,7 +491,11 @@ int main(int argc, char** argv) {
         [](fsdp_fabric& fabric) {
           LAW_EXPECT(fabric.world_size() == 4, "HYBRID_SHARD runs on 2 nodes x 2 ranks, not %d ranks",
                      fabric.world_size());
-          laws::law_equivalence(fabric, make_net, "HYBRID_SHARD (replicate=2, shard=2)");
+          const char* what = "HYBRID_SHARD (replicate=2, shard=2)";
+          laws::law_equivalence(fabric, make_net, what);
+          laws::law_gradient_norm(fabric, make_net, what);
+          laws::law_accumulation(fabric, make_net, what);
+          laws::law_checkpoint_round_trip(fabric, make_net, what);
         }},
        {"save_forever",
         [](fsdp_fabric&) {
