@@ -119,6 +119,23 @@ void law_unused(ddp_fabric& fabric) {
   }
 }
 
+// Under gradient_as_bucket_view every way of zeroing keeps the gradients as
+// the buckets' views, zeroed in place: the next backward writes into the
+// buckets without allocating (a zero_grad(true) that bypassed the strategy
+// left them undefined).
+void expect_bucket_views_kept(const torch::nn::Module& net, const std::vector<const void*>& views) {
+  std::size_t i = 0;
+  for (const auto& p : net.parameters()) {
+    const auto& grad = p.grad();
+    LAW_EXPECT(grad.defined(), "parameter %zu: zero_grad dropped its bucket view (gradient undefined)", i);
+    if (!grad.defined()) return;
+    LAW_EXPECT(grad.data_ptr() == views[i], "parameter %zu: its gradient is no longer the bucket's view", i);
+    LAW_EXPECT(grad.abs().max().item<double>() == 0.0, "parameter %zu: zero_grad left %.3g in its bucket view", i,
+               grad.abs().max().item<double>());
+    ++i;
+  }
+}
+
 // The other options give the same training: gradients as bucket views
 // (zeroed in place), a static graph (first step's all-reduce delayed to the
 // end of backward), buffers broadcast, and Gloo's ring instead of loom's
@@ -132,13 +149,19 @@ void law_options(ddp_fabric& /*unused*/) {
     auto [model, optimizer] = fabric.setup(net, sgd);
     const int r = fabric.global_rank();
     const int64_t local = global_batch / fabric.world_size();
+    // Each gradient's storage after the second step (the buckets are rebuilt
+    // in the order of the first backward at the second forward).
+    std::vector<const void*> views;
     for (int step = 0; step < 6; ++step) {
       if (zero == 0) optimizer.zero_grad();
       else optimizer.zero_grad(zero == 1);
+      if (options.gradient_as_bucket_view && step > 1) expect_bucket_views_kept(*net, views);
       auto loss = torch::nn::functional::cross_entropy(model(global_inputs(step).narrow(0, r * local, local)),
                                                        global_targets(step).narrow(0, r * local, local));
       fabric.backward(loss);
       optimizer.step();
+      if (step == 1)
+        for (const auto& p : net->parameters()) views.push_back(p.grad().data_ptr());
     }
     const auto everyone = fabric.all_gather(flat_parameters(net));
     LAW_EXPECT(torch::equal(everyone[0], everyone[everyone.size(0) - 1]), "ranks diverged");
