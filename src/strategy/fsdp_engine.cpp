@@ -1022,21 +1022,26 @@ void with_full_engines(const std::vector<std::weak_ptr<fsdp_engine>>& engines,
   nest_full_state(live, 0, optimizers, write_back, root, body);
 }
 
-void refuse_shared_name(const std::map<const void*, std::string>& names, const at::Tensor& parameter,
-                        const std::string& name, std::string_view strategy) {
-  for (const auto& [other, other_name] : names) {
-    if (other_name == name && other != parameter.unsafeGetTensorImpl()) {
-      throw configuration_error(std::string(strategy) + ": two modules in this checkpoint have a parameter named '" +
-                                name + "', and a sharded checkpoint keys each slice by parameter name; save each "
-                                "model to its own path (fabric.save(path_g, {{\"model\", g}, ...}))");
-    }
+namespace {
+
+// Each name in a checkpoint's modules must name one tensor (a tied weight is
+// one tensor under two names, which is fine; one name for two tensors is not).
+void claim_name(std::map<std::string, const void*>& owners, const std::string& name, const void* parameter,
+                std::string_view strategy) {
+  const auto [owner, fresh] = owners.emplace(name, parameter);
+  if (!fresh && owner->second != parameter) {
+    throw configuration_error(std::string(strategy) + ": two modules in this checkpoint have a parameter named '" +
+                              name + "', and a sharded checkpoint keys each slice by parameter name; save each "
+                              "model to its own path (fabric.save(path_g, {{\"model\", g}, ...}))");
   }
 }
 
+}  // namespace
+
 shard_layout sharded_save_layout(const state& checkpoint, const std::vector<std::weak_ptr<fsdp_engine>>& engines,
-                                 std::string_view strategy) {
+                                 std::string_view strategy, std::map<const void*, std::string>* names) {
   shard_layout layout;
-  std::map<const void*, std::string> names;
+  std::map<std::string, const void*> owners;
   for (const auto& entry : checkpoint.entries()) {
     if (auto* optimizer = entry.io().optimizer(); optimizer && !fsdp_engine::knows_state_layout(*optimizer)) {
       throw configuration_error(std::string(strategy) + ": '" + entry.name() +
@@ -1046,8 +1051,9 @@ shard_layout sharded_save_layout(const state& checkpoint, const std::vector<std:
     const torch::nn::Module* module = entry.io().module();
     if (module == nullptr) continue;
     for (const auto& item : module->named_parameters()) {
-      refuse_shared_name(names, item.value(), item.key(), strategy);
-      names.emplace(item.value().unsafeGetTensorImpl(), item.key());
+      const void* parameter = item.value().unsafeGetTensorImpl();
+      claim_name(owners, item.key(), parameter, strategy);
+      if (names != nullptr) names->emplace(parameter, item.key());
       for (const auto& weak : engines) {
         auto engine = weak.lock();
         if (!engine) continue;

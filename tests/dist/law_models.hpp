@@ -6,8 +6,6 @@
 
 #include "strategy_laws.hpp"
 
-#include <loom/environment.hpp>
-
 #include <unistd.h>
 
 #include <cstdio>
@@ -46,10 +44,6 @@ inline Net make_net() {
 inline PlainNet make_plain() {
   at::manual_seed(42);
   return PlainNet();
-}
-
-inline std::string test_dir() {
-  return loom::cluster::setting_text("LOOM_TEST_DIR").value_or("/tmp");
 }
 
 // Steps from..to-1 (rank r's rows of each global batch) through a set-up model.

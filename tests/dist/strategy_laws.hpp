@@ -34,6 +34,12 @@ namespace laws {
 
 constexpr int64_t global_batch = 32;
 
+// Where the workers write (the dist scripts set LOOM_TEST_DIR to the
+// test's own directory, removed after it).
+inline std::string test_dir() {
+  return loom::cluster::setting_text("LOOM_TEST_DIR").value_or("/tmp");
+}
+
 // Builds a Fabric that loom-run's flags do not describe (single_device in
 // one rank, a second strategy beside the launched one): loom-run's check of
 // the Fabric against its flags (LT_CLI_USED) is lifted while it is built.
@@ -403,7 +409,7 @@ void law_checkpoint_round_trip(F& fabric, Make&& make, MakeReference&& make_refe
   require_multi_rank(fabric, what);
   const auto started = std::chrono::steady_clock::now();
   static int saves = 0;
-  const std::string path = loom::cluster::setting_text("LOOM_TEST_DIR").value_or("/tmp") + "/round_trip_" +
+  const std::string path = test_dir() + "/round_trip_" +
                            std::to_string(saves++) + "_of_" + std::to_string(fabric.world_size());
   auto net = make();
   torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));

@@ -307,23 +307,13 @@ struct deepspeed : fsdp {
     layout.bf16 = config_.bf16;
     state saved = checkpoint;
     std::map<const void*, std::string> names;  // parameter -> its name in the checkpoint's modules
+    layout.shards = detail::sharded_save_layout(checkpoint, engines_, "deepspeed", &names);
     for (const auto& entry : checkpoint.entries()) {
-      if (auto* optimizer = entry.io().optimizer(); optimizer && !detail::fsdp_engine::knows_state_layout(*optimizer)) {
-        throw configuration_error("deepspeed: '" + entry.name() + "' is an optimizer whose state loom cannot slice "
-                                  "(SGD, Adam, AdamW, RMSprop and Adagrad are known)");
-      }
       const torch::nn::Module* module = entry.io().module();
       if (module == nullptr) continue;
       std::set<std::string> frozen;
       for (const auto& item : module->named_parameters()) {
-        detail::refuse_shared_name(names, item.value(), item.key(), "deepspeed");
-        names.emplace(item.value().unsafeGetTensorImpl(), item.key());
         if (!item.value().requires_grad()) frozen.insert(item.key());
-        for (const auto& weak : engines_) {
-          if (auto engine = weak.lock()) {
-            if (auto range = engine->shard_of(item.value())) layout.shards[item.key()] = *range;
-          }
-        }
       }
       // DeepSpeed's exclude_frozen_parameters: the module states leave out
       // parameters that do not require grad (load such a save with strict=false).

@@ -161,15 +161,11 @@ void with_full_engines(const std::vector<std::weak_ptr<fsdp_engine>>& engines,
 
 // The slices of the engines' parameters (by state-dict name) a sharded save
 // of checkpoint writes; a configuration_error, naming `strategy`, for an
-// optimizer whose state loom cannot slice.
+// optimizer whose state loom cannot slice, and for two modules (a GAN's) with
+// a parameter of the same name, whose slices would write over each other.
+// `names`, when given, receives each parameter's (TensorImpl's) name.
 shard_layout sharded_save_layout(const state& checkpoint, const std::vector<std::weak_ptr<fsdp_engine>>& engines,
-                                 std::string_view strategy);
-
-// A sharded checkpoint keys each slice by its parameter's name: two modules
-// in one checkpoint (a GAN's) with a parameter of the same name would write
-// over each other's slices, so the save is refused instead.
-void refuse_shared_name(const std::map<const void*, std::string>& names, const at::Tensor& parameter,
-                        const std::string& name, std::string_view strategy);
+                                 std::string_view strategy, std::map<const void*, std::string>* names = nullptr);
 
 // Why no_backward_sync is refused with offloading (fsdp_cpu_offload and the
 // deepspeed offload presets at compile time; the options at run time).
