@@ -187,6 +187,7 @@ void law_options(ddp_fabric& /*unused*/) {
 // checkpoint single_device wrote loads into DDP.
 void law_checkpoint(ddp_fabric& fabric) {
   laws::law_checkpoint_round_trip(fabric, [] { return make_net(); }, "DDP");
+  laws::law_zero_grad(fabric, [] { return make_net(); }, "DDP");
   const std::string path = laws::test_dir() + "/single.ckpt";
   auto net = make_net();
   auto model = fabric.setup(net);

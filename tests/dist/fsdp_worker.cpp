@@ -48,6 +48,7 @@ void law_strategies(const std::vector<loom::sharding_strategy>& strategies) {
                  static_cast<unsigned long long>(synced), static_cast<unsigned long long>(units));
     });
     laws::law_checkpoint_round_trip(fabric, make_net, (what + ", sharded save").c_str());
+    laws::law_zero_grad(fabric, make_net, what.c_str());
   }
   fsdp_fabric full({}, loom::fsdp(loom::fsdp_options{.state_dict = loom::state_dict_type::full}));
   laws::law_checkpoint_round_trip(full, make_net, "FULL_SHARD, full save");

@@ -1,9 +1,9 @@
 // The laws every strategy obeys against single_device, written once over the
 // Fabric type and instantiated per strategy by the workers (ddp, fsdp, zero
 // and tp_worker.cpp): equivalence (N ranks with B/N rows equal one with B),
-// the gradient norm, accumulation under no_backward_sync, and the
-// checkpoint round trip. Each data-parallel rank gets different rows of the
-// same global batch (batch_split).
+// the gradient norm, accumulation under no_backward_sync, the checkpoint
+// round trip, and zero_grad's two ways. Each data-parallel rank gets
+// different rows of the same global batch (batch_split).
 #pragma once
 
 #include "worker_harness.hpp"
@@ -16,6 +16,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
 
 #include <chrono>
 #include <cmath>
@@ -403,6 +404,54 @@ void law_accumulation(F& fabric, Make&& make, const char* what, After&& after = 
 // model whose weights differ: it gets the saved parameters exactly, and its
 // 3 steps on the whole batch from the loaded state equal the strategy's
 // (within tolerance).
+// Law 5: optimizer.zero_grad(false) zeroes each gradient in place (it stays
+// defined, as torch.optim's set_to_none=False leaves it) and zero_grad(true)
+// sets it to none, whatever the strategy keeps behind the parameters; the
+// training is the same bit for bit (the next reduction adds onto zeros or
+// writes onto nothing).
+template <class F, class Make>
+void law_zero_grad(F& fabric, Make&& make, const char* what, batch_split split) {
+  require_multi_rank(fabric, what);
+  const auto started = std::chrono::steady_clock::now();
+  auto train = [&](bool set_to_none) {
+    auto net = make();
+    torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    auto [model, optimizer] = fabric.setup(net, sgd);
+    for (int step = 0; step < 3; ++step) {
+      optimizer.zero_grad(set_to_none);
+      std::size_t i = 0;
+      for (const auto& p : net->parameters()) {
+        const auto& grad = p.grad();
+        if (set_to_none) {
+          LAW_EXPECT(!grad.defined(), "%s: after zero_grad(true) parameter %zu still has a gradient", what, i);
+        } else if (step > 0) {
+          LAW_EXPECT(grad.defined(), "%s: zero_grad(false) set parameter %zu's gradient to none", what, i);
+          LAW_EXPECT(!grad.defined() || grad.numel() == 0 || grad.abs().max().template item<double>() == 0.0,
+                     "%s: zero_grad(false) left parameter %zu's gradient nonzero", what, i);
+        }
+        ++i;
+      }
+      fabric.backward(torch::nn::functional::cross_entropy(model(split.rows(global_inputs(step))),
+                                                           split.rows(global_targets(step))));
+      optimizer.step();
+    }
+    return flat(full_parameters(fabric, model, net));
+  };
+  const at::Tensor to_none = train(true);
+  const at::Tensor in_place = train(false);
+  LAW_EXPECT(torch::equal(to_none, in_place), "%s: zero_grad(false) trains other than zero_grad(true), by %.3g", what,
+             (to_none - in_place).abs().max().template item<double>());
+  if (fabric.global_rank() == 0) {
+    std::printf("law (zero_grad) %s: zero_grad(false) keeps zeroed gradients, zero_grad(true) none; the same "
+                "training bit for bit (%.2f s)\n", what, seconds_since(started));
+    std::fflush(stdout);
+  }
+}
+template <class F, class Make>
+void law_zero_grad(F& fabric, Make&& make, const char* what) {
+  law_zero_grad(fabric, make, what, data_parallel_split(fabric));
+}
+
 template <class F, class Make, class MakeReference>
 void law_checkpoint_round_trip(F& fabric, Make&& make, MakeReference&& make_reference, const char* what,
                                batch_split split, tolerance allowed = {}) {

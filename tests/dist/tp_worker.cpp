@@ -172,6 +172,7 @@ void run_mlp() {
   laws::law_gradient_norm(fabric, seeded<Mlp>, seeded<ReferenceMlp>, "tp mlp", laws::batch_split{0, 1});
   laws::law_accumulation(fabric, seeded<Mlp>, seeded<ReferenceMlp>, "tp mlp", laws::batch_split{0, 1});
   laws::law_checkpoint_round_trip(fabric, seeded<Mlp>, seeded<ReferenceMlp>, "tp mlp", laws::batch_split{0, 1});
+  laws::law_zero_grad(fabric, seeded<Mlp>, "tp mlp", laws::batch_split{0, 1});
 }
 
 // A transformer block (bench/tp_block.hpp: pre-norm causal attention, then an
@@ -345,6 +346,7 @@ void run_mesh() {
   laws::law_accumulation(fabric, seeded<Mlp>, seeded<ReferenceMlp>, "tp 2 x 2 mesh", laws::batch_split{dp, 2});
   laws::law_checkpoint_round_trip(fabric, seeded<Mlp>, seeded<ReferenceMlp>, "tp 2 x 2 mesh",
                                   laws::batch_split{dp, 2});
+  laws::law_zero_grad(fabric, seeded<Mlp>, "tp 2 x 2 mesh", laws::batch_split{dp, 2});
   if (r == 0) {
     std::printf("law (tp): 2 x 2 mesh (data parallel 2 with FSDP x tensor parallel 2), batch %lld per data-parallel "
                 "rank, clipped by norm each step: max |outputs - single| after 20 Adam steps = %.3g, clipping norm "

@@ -56,6 +56,7 @@ void law_stages() {
     laws::law_gradient_norm(fabric, make_net, ("ZeRO stage " + std::to_string(s)).c_str());
     laws::law_accumulation(fabric, make_net, ("ZeRO stage " + std::to_string(s)).c_str());
     laws::law_checkpoint_round_trip(fabric, make_net, ("ZeRO stage " + std::to_string(s)).c_str());
+    laws::law_zero_grad(fabric, make_net, ("ZeRO stage " + std::to_string(s)).c_str());
   }
   {
     zero_fabric fabric({}, stage(3));

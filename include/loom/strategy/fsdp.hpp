@@ -4,6 +4,7 @@
 // CPU, loom does not (docs/fsdp.md lists the differences).
 #pragma once
 
+#include <loom/compat.hpp>
 #include <loom/strategy/fsdp_engine.hpp>
 #include <loom/strategy/fsdp_options.hpp>
 #include <loom/strategy/no_sync_guard.hpp>
@@ -68,9 +69,11 @@ struct fsdp : parallel {
     return fsdp_no_sync_guard(*engine, enabled);
   }
 
-  // Always to none: the engine writes each reduced shard into a gradient
-  // that is none, and adds into one that is defined (no_backward_sync).
-  void zero_grad(torch::optim::Optimizer& optimizer, bool /*set_to_none*/) { detail::zero_grad_to_none(optimizer); }
+  // As asked: the engine writes each reduced shard into a gradient that is
+  // none and adds into one that is defined (zeroed, or accumulating under
+  // no_backward_sync), so both ways train alike; in place keeps the shard's
+  // gradient memory, as PyTorch's FSDP does with set_to_none=False.
+  void zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none) { compat::zero_grad(optimizer, set_to_none); }
 
   // The norm over every rank's gradient shards: the single-device norm.
   template <class State>

@@ -173,12 +173,4 @@ inline constexpr const char* offload_refusal_reason =
     "skipped reductions would keep every unit's unsharded gradient on the device, which offloading is there to "
     "free. Accumulate without it (each micro-batch's backward then reduces), or turn offloading off.";
 
-// Gradients set to none (torch 2.x's default): the engine's next reduction
-// writes the shard instead of adding to it.
-inline void zero_grad_to_none(torch::optim::Optimizer& optimizer) {
-  for (auto& group : optimizer.param_groups()) {
-    for (auto& parameter : group.params()) parameter.mutable_grad().reset();
-  }
-}
-
 }  // namespace loom::detail

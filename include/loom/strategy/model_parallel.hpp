@@ -20,6 +20,7 @@
 #pragma once
 
 #include <loom/comm/device_mesh.hpp>
+#include <loom/compat.hpp>
 #include <loom/strategy/fsdp_engine.hpp>
 #include <loom/strategy/fsdp_options.hpp>
 #include <loom/strategy/no_sync_guard.hpp>
@@ -148,8 +149,8 @@ struct model_parallel : parallel {
   };
   no_sync no_backward_sync(module_state& engine, bool enabled = true) { return no_sync(engine.get(), enabled); }
 
-  // Always to none, as fsdp (its engine may run on the data-parallel dimension).
-  void zero_grad(torch::optim::Optimizer& optimizer, bool /*set_to_none*/) { detail::zero_grad_to_none(optimizer); }
+  // As asked, as fsdp (its engine may run on the data-parallel dimension).
+  void zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none) { compat::zero_grad(optimizer, set_to_none); }
 
   template <class State>
   std::optional<double> clip_gradients(State& engine, torch::nn::Module& module, const clip_options& options) {
