@@ -1,4 +1,5 @@
-// Calls of the global operator new since the program started (see allocation_counter.cpp).
+// Heap allocations since the program started: operator new calls, or every
+// allocation under a sanitizer (see allocation_counter.cpp).
 #pragma once
 
 namespace loom_test {

@@ -213,7 +213,7 @@ TEST_CASE("fp32 forward through Fabric is the module's forward", "[parity]") {
 }
 
 namespace {
-// operator new calls of 20 training steps, after 5 steps of warm-up.
+// Heap allocations of 20 training steps, after 5 steps of warm-up.
 template <class Step>
 unsigned long long allocations_in_20_steps(Step&& step) {
   for (int i = 0; i < 5; ++i) step();
@@ -247,7 +247,7 @@ TEST_CASE("a step through Fabric makes no heap allocation beyond the raw step's"
     fabric.backward(loss);
     optimizer.step();
   });
-  INFO("operator new calls in 20 steps: raw " << raw << ", through Fabric " << through_fabric);
+  INFO("heap allocations in 20 steps: raw " << raw << ", through Fabric " << through_fabric);
   CHECK(raw > 0);  // the counter sees LibTorch's own allocations
   CHECK(through_fabric == raw);
 }
