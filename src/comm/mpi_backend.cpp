@@ -292,6 +292,7 @@ void mpi_backend::fail(const char* call, int code) const {
 c10::intrusive_ptr<c10d::Work> mpi_backend::enqueue(c10d::OpType type, const char* name,
                                                     std::function<MPI_Request()> start, std::function<void()> finish,
                                                     std::vector<at::Tensor> outputs) {
+  release_retired();
   if (type != c10d::OpType::SEND && type != c10d::OpType::RECV && type != c10d::OpType::RECVANYSOURCE) ++sequence_;
   auto done = c10::make_intrusive<work>(getRank(), type, std::move(outputs));
   if (settings_.synchronous) {
@@ -377,7 +378,7 @@ void mpi_backend::progress() {
         running.push_back({std::move(next), request, std::chrono::steady_clock::now()});
       } catch (...) {
         ++completed_;
-        next.done->complete(std::current_exception());
+        complete_and_retire(std::move(next.done), std::current_exception());
       }
     }
     arrived.clear();
@@ -418,7 +419,7 @@ void mpi_backend::progress() {
       ++completed_;
       auto done = a.work.done;
       running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
-      if (done) done->complete(error);
+      if (done) complete_and_retire(std::move(done), error);
       progressed = true;
     }
     if (progressed) {
@@ -429,6 +430,21 @@ void mpi_backend::progress() {
   // Stopped with operations in flight (their works were dropped unwaited):
   // MPI may still write into their buffers, which are kept.
   for (auto& a : running) new active(std::move(a));
+}
+
+void mpi_backend::complete_and_retire(c10::intrusive_ptr<work> done, std::exception_ptr error) {
+  done->complete(error);
+  std::lock_guard<std::mutex> lock(mutex_);
+  retired_.push_back(std::move(done));  // no allocation once its capacity is reached
+}
+
+void mpi_backend::release_retired() {
+  std::lock_guard<std::mutex> releasing(release_mutex_);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    releasing_.swap(retired_);
+  }
+  releasing_.clear();  // the tensors' last references may go here, outside mutex_
 }
 
 // ------------------------------------------------------------ collectives

@@ -42,6 +42,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace loom::comm {
 
@@ -146,6 +147,14 @@ class mpi_backend final : public compat::c10d_backend {
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* name, std::function<MPI_Request()> start,
                                          std::function<void()> finish, std::vector<at::Tensor> outputs);
   void progress();
+  // The progress thread's side of a finished operation: complete its work,
+  // then hand the thread's reference to retired_.
+  void complete_and_retire(c10::intrusive_ptr<work> done, std::exception_ptr error);
+  // The caller's side: drop the retired works' references, so the tensors a
+  // collective was given are released on a thread that issues collectives,
+  // never on the progress thread (whose last release raced the caller's own
+  // use of their storage: ThreadSanitizer, FSDP freeing a unit's storage).
+  void release_retired();
   [[noreturn]] void fail(const char* call, int code) const;
 
   bool runs_blocking(const at::Tensor& tensor) const noexcept;
@@ -158,6 +167,9 @@ class mpi_backend final : public compat::c10d_backend {
   std::mutex mutex_, synchronous_mutex_;
   std::condition_variable wake_;
   std::deque<job> queue_;
+  std::vector<c10::intrusive_ptr<work>> retired_;    // guarded by mutex_
+  std::vector<c10::intrusive_ptr<work>> releasing_;  // guarded by release_mutex_
+  std::mutex release_mutex_;
   bool stopping_ = false;
   std::thread thread_;
   std::uint64_t completed_ = 0, tests_ = 0;

@@ -333,6 +333,37 @@ void send_then_all_reduce(mpi_backend& group, const char* label) {
 // A rank that arrives late at a shared-memory all-reduce: the others end
 // with loom::peer_error naming it after the group's timeout, and refuse the
 // next one; the late rank ends with the same error at the next piece.
+// The tensors a collective was given are released on a thread that issues
+// collectives, never on the progress thread, even when the caller drops the
+// work unwaited (the progress thread then held the last reference, and
+// ThreadSanitizer reported its release racing FSDP's own use of the storage).
+void released_where_issued(mpi_backend& group, const char* label) {
+  std::thread::id freed_on;
+  bool freed = false;
+  auto* data = new float[4]{1, 1, 1, 1};
+  {
+    std::vector<at::Tensor> t{at::from_blob(
+        data, {4}, [&](void* p) {
+          freed_on = std::this_thread::get_id();
+          freed = true;
+          delete[] static_cast<float*>(p);
+        },
+        at::kFloat)};
+    group.allreduce(t);  // dropped unwaited: the backend holds the only reference
+  }
+  // Later collectives on the same group complete after it; each call may
+  // release what finished before. Every rank calls as many: each all-reduce
+  // counts the ranks still waiting for the release.
+  for (int i = 0; i < 20; ++i) {
+    std::vector<at::Tensor> waiting{at::full({1}, freed ? 0.0f : 1.0f)};
+    group.allreduce(waiting)->wait();
+    if (waiting.front().item<float>() == 0.0f) break;
+  }
+  LAW_EXPECT(freed, "%s: the unwaited all-reduce's tensor was never released", label);
+  LAW_EXPECT(!freed || freed_on == std::this_thread::get_id(),
+             "%s: the unwaited all-reduce's tensor was released on the progress thread", label);
+}
+
 void shared_memory_timeout(MPI_Comm comm) {
   auto group = mpi_backend::create(comm, std::chrono::milliseconds(300));
   if (!group->shares_memory()) return;
@@ -412,6 +443,7 @@ int main(int argc, char** argv) {
       collectives(*world, "world");
       large_reductions(*world, "world");
       send_then_all_reduce(*world, "world");
+      released_where_issued(*world, "world");
       mismatched_calls(*world, "world");
       refusals(*world);
       // The application's own traffic on MPI_COMM_WORLD does not match loom's
