@@ -48,7 +48,12 @@ for rank in 0 1; do
   LOOM_TEST_TIMEOUT_MS=2000 LOCAL_RANK=$rank WORLD_SIZE=2 LOOM_RENDEZVOUS_DIR=$dir \
     timeout 60 "$WORKER" hang 0 "$MARK" > "$WORK/hang.$rank" 2>&1 &
 done
-sleep 6
+# Until rank 0 names the timeout (a slow start, under a sanitizer say, takes
+# more than a fixed wait), at most 50 s; then the silent rank is ended.
+for _ in $(seq 1 250); do
+  if grep -q "no answer within" "$WORK/hang.0"; then break; fi
+  sleep 0.2
+done
 pkill -f "hang 0 $MARK" || true
 wait
 rm -rf "$dir"

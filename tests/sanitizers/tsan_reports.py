@@ -1,9 +1,12 @@
 #!/usr/bin/python3
-"""tsan_reports.py SOURCE_ROOT REPORT_FILE...: ThreadSanitizer's reports,
-split by the one rule tests/sanitize.sh applies: a report is loom's when a
-frame of its racing accesses (or of the lock or signal it is about) lies in
-loom's code (a file under SOURCE_ROOT's src/, include/, tests/, tools/ or
-bench/); a report none of whose frames is loom's lies wholly in LibTorch,
+"""tsan_reports.py SOURCE_ROOT BUILD_DIR REPORT_FILE...: ThreadSanitizer's
+reports, split by the one rule tests/sanitize.sh applies: a report is loom's
+when a frame of its racing accesses (or of the lock or signal it is about)
+lies in loom's code: a file under SOURCE_ROOT's src/, include/, tests/,
+tools/ or bench/ (the symbolizer prints them relative to BUILD_DIR), or,
+whatever its source, an address in a binary BUILD_DIR built (libloom, the
+tests, the tools, named by file name: a LibTorch header inlined there counts
+as loom's); a report none of whose frames is loom's lies wholly in LibTorch,
 Gloo, Open MPI or the C++ runtime, which are not instrumented, and is
 counted as theirs, by library. No report with a loom frame is ever set
 aside. Prints each loom report in full and a count per library for the
@@ -26,7 +29,19 @@ def reports_of(text):
             yield block.strip("\n")
 
 
-def loom_frames(report, roots):
+def is_loom(frame, roots, build_dir):
+    location = frame.group("location").rsplit(":", 2)[0]
+    if not os.path.isabs(location):
+        location = os.path.join(build_dir, location)
+    location = os.path.realpath(location)
+    # The runtime names a module by its file name (libloom.so.0, ddp_worker).
+    module = os.path.basename(frame.group("module"))
+    built_here = module.startswith("libloom.so") or any(
+        os.path.isfile(os.path.join(build_dir, folder, module)) for folder in ("tests", "tools", "bench"))
+    return any(location.startswith(root) for root in roots) or built_here
+
+
+def loom_frames(report, roots, build_dir):
     frames, in_origin = [], False
     for line in report.splitlines():
         if ORIGIN.match(line):
@@ -36,20 +51,21 @@ def loom_frames(report, roots):
         match = FRAME.match(line)
         if match and not in_origin:
             frames.append(match)
-    mine = [f for f in frames if any(f.group("location").startswith(root) for root in roots)]
+    mine = [f for f in frames if is_loom(f, roots, build_dir)]
     return frames, mine
 
 
 def main():
     source = os.path.realpath(sys.argv[1])
+    build_dir = os.path.realpath(sys.argv[2])
     roots = [os.path.join(source, folder) + "/" for folder in ("src", "include", "tests", "tools", "bench")]
     loom_reports, theirs = [], collections.Counter()
     total = 0
-    for path in sys.argv[2:]:
+    for path in sys.argv[3:]:
         with open(path, encoding="utf-8", errors="replace") as text:
             for report in reports_of(text.read()):
                 total += 1
-                frames, mine = loom_frames(report, roots)
+                frames, mine = loom_frames(report, roots, build_dir)
                 if mine:
                     loom_reports.append((path, report))
                 else:
