@@ -52,7 +52,9 @@ run() {
     status=1
     return
   fi
-  found=$(cat "$dir/reports-$name"/* 2>/dev/null |
+  # The report files, and the tests' own output (UBSan inside an ASan build
+  # writes to stderr whatever log_path says).
+  found=$(cat "$dir/reports-$name"/* "$dir/sanitize-$name.testlog.txt" 2>/dev/null |
     grep -c -E '^(==[0-9]+==ERROR: |.*runtime error: |WARNING: ThreadSanitizer)' || true)
   echo "$name: $(grep -E '^Ok:|^Fail:|^Timeout:' "$dir/sanitize-$name.log" | tr -s ' ' | tr '\n' ' ')sanitizer reports: ${found:-0}, $(( $(date +%s) - start )) s (reports: $dir/reports-$name/)"
   # ThreadSanitizer's reports are judged by tsan_reports.py's rule instead.
