@@ -70,11 +70,10 @@ fresh_reports() {
 
 if [ "$which" = asan ] || [ "$which" = all ]; then
   build "$base/asan" address,undefined
-  # LibTorch's own allocations that live until exit are leaks to LSan
-  # (lsan.supp); UBSan stops at the first report, with its stack. meson test
-  # takes either suites or names (it runs their intersection), so the unit
-  # suite and the multi-process tests are two runs.
-  # Open MPI's leaks are suppressed by library (lsan.supp), and only a full
+  # UBSan stops at the first report, with its stack. meson test takes either
+  # suites or names (it runs their intersection), so the unit suite and the
+  # multi-process tests are separate runs. Open MPI's leaks are suppressed by
+  # library (lsan.supp; nothing of LibTorch's needed it), and only a full
   # unwind reaches its frames past the components MPI_Finalize unloads: the
   # MPI run unwinds slowly, the others fast.
   for part in unit dist mpi; do
