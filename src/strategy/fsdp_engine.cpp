@@ -23,6 +23,7 @@
 // them. The parameters' own tensors are re-pointed with set_data, which
 // keeps their version counters; the gathered views have counters of their
 // own, so refilling bumps nothing autograd checks.
+#include <loom/comm/device_mesh.hpp>
 #include <loom/errors.hpp>
 #include <loom/strategy/fsdp_engine.hpp>
 #include <loom/strategy/gradient_norm.hpp>
@@ -547,24 +548,15 @@ fsdp_engine::fsdp_engine(torch::nn::Module& module, comm::process_group& world, 
     throw configuration_error("fsdp: device_mesh applies to HYBRID_SHARD only; sharding_strategy is " +
                               std::string(to_string(options.strategy)));
   }
+  // The engine's own groups (its traffic never interleaves with the user's
+  // collectives), formed as every other mesh is.
+  comm::device_mesh mesh(world, {replicate, shard}, {"replicate", "shard"});
   self.shard_size = shard;
   self.replicate_size = replicate;
-  self.shard_rank = rank % shard;
+  self.shard_rank = mesh.coordinate("shard");
   self.global_rank = rank;
-  // Groups of the engine's own (collective over world, same order everywhere),
-  // so its traffic never interleaves with the user's collectives.
-  for (int r = 0; r < replicate; ++r) {
-    std::vector<int> ranks;
-    for (int s = 0; s < shard; ++s) ranks.push_back(r * shard + s);
-    comm::process_group group = shard > 1 ? world.new_group(ranks) : comm::process_group();
-    if (rank / shard == r) self.shard_group = std::move(group);
-  }
-  for (int s = 0; s < shard; ++s) {
-    std::vector<int> ranks;
-    for (int r = 0; r < replicate; ++r) ranks.push_back(r * shard + s);
-    comm::process_group group = replicate > 1 ? world.new_group(ranks) : comm::process_group();
-    if (rank % shard == s) self.replicate_group = std::move(group);
-  }
+  self.shard_group = mesh.group("shard");
+  self.replicate_group = mesh.group("replicate");
 
   // Units: the root, every loom::unit<M>, and what auto_wrap_policy chooses.
   std::vector<module_entry> modules;
