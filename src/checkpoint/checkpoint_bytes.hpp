@@ -29,16 +29,6 @@ std::vector<char> serialize_checkpoint(const std::string& path, const state& sta
 // Bytes read from path, verified and parsed.
 checkpoint_contents parse_checkpoint(const std::vector<char>& bytes, const std::string& path);
 
-// The entry listing a multi-file checkpoint's other files (name, bytes, crc32).
-inline constexpr const char* files_key = "__loom_shard_files__";
-// Rank 0's part of staging a multi-file save: removes what saves that died
-// before publishing left in `parent` (entries named prefix...), then creates
-// a fresh parent/prefix<pid>-<stamp>. Returns its path, or "!why".
-std::string fresh_staging_directory(const std::string& parent, const std::string& prefix);
-// Rank 0's answer (a staging path, or "!why") broadcast over group; every
-// rank throws the same checkpoint_error for "!why", so none writes anything.
-std::string agree_on_staging(const std::string& path, std::string answer, comm::process_group& group);
-
 // Every rank's contents into one: tensors with a range in the first rank's
 // metadata.shards concatenated in range order, the rest taken from it.
 checkpoint_contents merge_shards(std::vector<checkpoint_contents>& ranks, const std::string& path);

@@ -9,6 +9,7 @@
 
 #include "checkpoint_bytes.hpp"
 #include "file_bytes.hpp"
+#include "manifest.hpp"
 #include "torch_archive.hpp"
 
 #include <ATen/ATen.h>
@@ -102,45 +103,28 @@ void save_deepspeed_checkpoint(const std::string& path, const state& state, cons
   mine.world_size = world;
   mine.shards = layout.shards;
   auto write = [&](const std::string& name, const loom::state& part) {
-    const std::vector<char> bytes = detail::serialize_checkpoint(path, part, filter_for(part, layout), mine, state);
-    write_file_atomically((staged / name).string(), bytes);
-    return std::pair<std::int64_t, std::int64_t>(static_cast<std::int64_t>(bytes.size()),
-                                                 static_cast<std::int64_t>(detail::crc32_of(bytes.data(), bytes.size())));
+    return detail::write_listed(staged, name,
+                                detail::serialize_checkpoint(path, part, filter_for(part, layout), mine, state));
   };
-  // Every file but rank 0's model states: (bytes, crc32) of the optim file,
-  // then of the model file (stage 3; -1 where there is none).
-  const auto optim = write(optim_file(rank, layout.bf16), subset(state, layout, /*optimizers=*/true));
-  std::pair<std::int64_t, std::int64_t> model{-1, -1};
-  if (layout.module_sharded && rank != 0) model = write(model_file(rank), subset(state, layout, /*optimizers=*/false));
-  at::Tensor report = at::tensor({optim.first, optim.second, model.first, model.second},
-                                 at::TensorOptions().dtype(at::kLong).device(group.device()));
-  // Gathered on the group's device (NCCL's), read on the CPU.
-  const at::Tensor everyone = (group.valid() ? group.all_gather_stacked(report) : report.unsqueeze(0)).to(at::kCPU);
+  // Every file but rank 0's model states: the optim file, then the model
+  // file (stage 3; none elsewhere).
+  std::vector<detail::listed_file> mine_written{write(optim_file(rank, layout.bf16), subset(state, layout, true)),
+                                                detail::listed_file{}};
+  if (layout.module_sharded && rank != 0) mine_written[1] = write(model_file(rank), subset(state, layout, false));
+  const auto files = detail::gather_listed(group, mine_written, [&](int r, std::size_t slot) {
+    return slot == 0 ? optim_file(r, layout.bf16) : model_file(r);
+  });
 
   // Rank 0's model states, last, listing the others.
   auto write_index = [&] {
     if (rank != 0) return;
-    c10::impl::GenericList files(c10::AnyType::get());
-    auto list = [&](const std::string& name, std::int64_t bytes, std::int64_t crc) {
-      c10::impl::GenericDict file(c10::StringType::get(), c10::AnyType::get());
-      file.insert("name", name);
-      file.insert("bytes", bytes);
-      file.insert("crc32", crc);
-      files.push_back(file);
-    };
-    for (int r = 0; r < world; ++r) {
-      list(optim_file(r, layout.bf16), everyone[r][0].item<std::int64_t>(), everyone[r][1].item<std::int64_t>());
-      if (layout.module_sharded && r != 0) {
-        list(model_file(r), everyone[r][2].item<std::int64_t>(), everyone[r][3].item<std::int64_t>());
-      }
-    }
     checkpoint_metadata described = mine;
     if (!layout.module_sharded) described.shards.clear();  // the module is whole in this file
     const loom::state modules = subset(state, layout, /*optimizers=*/false);
     std::vector<char> bytes = detail::serialize_checkpoint(path, modules, filter_for(modules, layout), described);
     checkpoint_contents contents = detail::parse_checkpoint(bytes, path);
     contents.metadata = described;
-    contents.entries.insert(files_key, files);
+    contents.entries.insert(files_key, detail::listed_value(files));
     write_checkpoint((staged / (layout.module_sharded ? model_file(0) : whole_model_file)).string(), contents);
   };
   if (layout.module_sharded) write_index();
@@ -170,46 +154,13 @@ checkpoint_contents read_deepspeed_checkpoint(const std::string& path) {
                                             " (a save that did not finish, or not loom's); nothing was changed");
   }
   checkpoint_contents index = detail::parse_checkpoint(detail::read_file(index_path.string()), index_path.string());
-  auto listed = index.entries.find(files_key);
-  if (listed == index.entries.end() || !listed->value().isList()) {
-    fail_checkpoint(index_path.string(), "does not list the other files (not loom's)");
-  }
   const int world = static_cast<int>(index.metadata.world_size);
   std::vector<checkpoint_contents> optim(static_cast<std::size_t>(world));
-  std::vector<checkpoint_contents> model;
-  std::vector<std::pair<std::string, std::vector<char>>> files;
-  for (const auto& item : listed->value().toListRef()) {
-    const auto file = item.toGenericDict();
-    const std::string name = file.at("name").toStringRef();
-    const std::string file_path = (directory / name).string();
-    if (!fs::exists(file_path, ec)) {
-      fail_checkpoint(directory.string(), "is missing " + name + ", which " + index_path.filename().string() +
-                                              " lists; nothing was changed");
-    }
-    std::vector<char> bytes = detail::read_file(file_path);
-    if (static_cast<std::int64_t>(bytes.size()) != file.at("bytes").toInt()) {
-      fail_checkpoint(file_path, "has " + std::to_string(bytes.size()) + " bytes, " + index_path.filename().string() +
-                                     " says " + std::to_string(file.at("bytes").toInt()) +
-                                     " (torn or replaced); nothing was changed");
-    }
-    if (detail::crc32_of(bytes.data(), bytes.size()) != static_cast<std::uint32_t>(file.at("crc32").toInt())) {
-      fail_checkpoint(file_path, "does not match the CRC32 " + index_path.filename().string() +
-                                     " recorded (corrupted); nothing was changed");
-    }
-    files.emplace_back(file_path, std::move(bytes));
-  }
-  model.push_back(index);
-  for (auto& [file_path, bytes] : files) {
-    checkpoint_contents contents = detail::parse_checkpoint(bytes, file_path);
-    std::vector<char>().swap(bytes);
-    if (contents.metadata.world_size != world) {
-      fail_checkpoint(file_path, "was written by a job of " + std::to_string(contents.metadata.world_size) +
-                                     " ranks, " + index_path.filename().string() + " by one of " + std::to_string(world) +
-                                     " (files of two saves mixed)");
-    }
+  std::vector<checkpoint_contents> model{index};
+  for (auto& [name, contents] : detail::read_listed(directory, index, index_path)) {
     const auto r = static_cast<std::size_t>(contents.metadata.global_rank);
-    if (file_path.find("_optim_states.pt") != std::string::npos) {
-      if (r >= optim.size()) fail_checkpoint(file_path, "names rank " + std::to_string(r) + " of " + std::to_string(world));
+    if (name.find("_optim_states.pt") != std::string::npos) {
+      if (r >= optim.size()) fail_checkpoint((directory / name).string(), "names rank " + std::to_string(r) + " of " + std::to_string(world));
       optim[r] = std::move(contents);
     } else {
       model.push_back(std::move(contents));

@@ -15,14 +15,12 @@
 
 #include "checkpoint_bytes.hpp"
 #include "file_bytes.hpp"
+#include "manifest.hpp"
 #include "torch_archive.hpp"
 
 #include <ATen/ATen.h>
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <chrono>
 #include <filesystem>
 #include <map>
 
@@ -204,23 +202,6 @@ checkpoint_contents detail::merge_shards(std::vector<checkpoint_contents>& ranks
   return out;
 }
 
-std::string detail::fresh_staging_directory(const std::string& parent, const std::string& prefix) {
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(parent, ec)) {
-    if (entry.path().filename().string().rfind(prefix, 0) == 0) fs::remove_all(entry.path(), ec);
-  }
-  const auto stamp = std::chrono::steady_clock::now().time_since_epoch().count();
-  const fs::path staged = fs::path(parent) / (prefix + std::to_string(::getpid()) + "-" + std::to_string(stamp));
-  fs::create_directories(staged, ec);
-  return ec ? "!cannot create the staging directory " + staged.string() + " (" + ec.message() + ")" : staged.string();
-}
-
-std::string detail::agree_on_staging(const std::string& path, std::string answer, comm::process_group& group) {
-  if (group.valid()) answer = group.broadcast_object(c10::IValue(answer), 0).toStringRef();
-  if (!answer.empty() && answer.front() == '!') fail_checkpoint(path, answer.substr(1));
-  return answer;
-}
-
 bool is_sharded_checkpoint(const std::string& path) {
   std::error_code ec;
   return fs::is_directory(path, ec) && fs::exists(fs::path(path) / meta_file, ec);
@@ -249,13 +230,9 @@ void save_sharded_checkpoint(const std::string& path, const state& state, const 
   mine.global_rank = rank;
   mine.world_size = world;
   mine.shards = layout;
-  const std::vector<char> bytes = detail::serialize_checkpoint(path, state, {}, mine);
-  write_file_atomically((staged / rank_file(rank, world)).string(), bytes);
-  at::Tensor report = at::tensor({static_cast<std::int64_t>(bytes.size()),
-                                  static_cast<std::int64_t>(detail::crc32_of(bytes.data(), bytes.size()))},
-                                 at::TensorOptions().dtype(at::kLong).device(group.device()));
-  // Gathered on the group's device (NCCL's), read on the CPU.
-  const at::Tensor everyone = (group.valid() ? group.all_gather_stacked(report) : report.unsqueeze(0)).to(at::kCPU);
+  const detail::listed_file written = detail::write_listed(
+      staged, rank_file(rank, world), detail::serialize_checkpoint(path, state, {}, mine));
+  const auto files = detail::gather_listed(group, {written}, [&](int r, std::size_t) { return rank_file(r, world); });
   if (rank == 0) {
     c10::impl::GenericDict entries(c10::StringType::get(), c10::AnyType::get());
     checkpoint_metadata shared = metadata;
@@ -264,15 +241,7 @@ void save_sharded_checkpoint(const std::string& path, const state& state, const 
       if (std::string type = entry.io().type_name(); !type.empty()) shared.optimizer_types[entry.name()] = type;
     }
     entries.insert(detail::metadata_key, detail::metadata_value(shared));
-    c10::impl::GenericList files(c10::AnyType::get());
-    for (int r = 0; r < world; ++r) {
-      c10::impl::GenericDict file(c10::StringType::get(), c10::AnyType::get());
-      file.insert("name", rank_file(r, world));
-      file.insert("bytes", everyone[r][0].item<std::int64_t>());
-      file.insert("crc32", everyone[r][1].item<std::int64_t>());
-      files.push_back(file);
-    }
-    entries.insert(files_key, files);
+    entries.insert(files_key, detail::listed_value(files));
     // The non-module state (Lightning's meta.pt role): what is neither a
     // module nor an optimizer (the rank files hold it too; loads read rank 0's).
     const detail::parameter_names no_names;
@@ -297,43 +266,9 @@ checkpoint_contents read_sharded_checkpoint(const std::string& directory) {
                                "checkpoint in DeepSpeed's layout): neither, or a save that did not finish");
   }
   const checkpoint_contents meta = detail::parse_checkpoint(detail::read_file(meta_path.string()), meta_path.string());
-  auto listed = meta.entries.find(files_key);
-  if (listed == meta.entries.end() || !listed->value().isList()) {
-    fail_checkpoint(meta_path.string(), "does not list the rank files (not a loom sharded checkpoint's meta.pt)");
-  }
-  // Every file is checked (present, size, CRC32) before any is parsed.
-  std::vector<std::pair<std::string, std::vector<char>>> files;
-  for (const auto& item : listed->value().toListRef()) {
-    const auto file = item.toGenericDict();
-    const std::string name = file.at("name").toStringRef();
-    const std::string file_path = (root / name).string();
-    if (!fs::exists(file_path, ec)) {
-      fail_checkpoint(directory, "is missing " + name + ", which meta.pt lists (" + std::to_string(meta.metadata.world_size) +
-                                     " rank files); nothing was changed");
-    }
-    std::vector<char> bytes = detail::read_file(file_path);
-    const auto expected_bytes = file.at("bytes").toInt();
-    const auto expected_crc = static_cast<std::uint32_t>(file.at("crc32").toInt());
-    if (static_cast<std::int64_t>(bytes.size()) != expected_bytes) {
-      fail_checkpoint(file_path, "has " + std::to_string(bytes.size()) + " bytes, meta.pt says " +
-                                     std::to_string(expected_bytes) + " (torn or replaced); nothing was changed");
-    }
-    if (detail::crc32_of(bytes.data(), bytes.size()) != expected_crc) {
-      fail_checkpoint(file_path, "does not match the CRC32 meta.pt recorded (corrupted); nothing was changed");
-    }
-    files.emplace_back(file_path, std::move(bytes));
-  }
-  if (files.empty()) fail_checkpoint(meta_path.string(), "lists no rank files");
   std::vector<checkpoint_contents> ranks;
-  for (auto& [file_path, bytes] : files) {
-    ranks.push_back(detail::parse_checkpoint(bytes, file_path));
-    std::vector<char>().swap(bytes);
-    if (ranks.back().metadata.world_size != meta.metadata.world_size) {
-      fail_checkpoint(file_path, "was written by a job of " + std::to_string(ranks.back().metadata.world_size) +
-                                     " ranks, meta.pt by one of " + std::to_string(meta.metadata.world_size) +
-                                     " (files of two saves mixed)");
-    }
-  }
+  for (auto& [name, contents] : detail::read_listed(root, meta, meta_path)) ranks.push_back(std::move(contents));
+  if (ranks.empty()) fail_checkpoint(meta_path.string(), "lists no rank files");
   checkpoint_contents merged = detail::merge_shards(ranks, directory);
   merged.metadata.optimizer_types = meta.metadata.optimizer_types;
   return merged;

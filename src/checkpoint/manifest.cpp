@@ -1,0 +1,120 @@
+// The manifest protocol of multi-file checkpoints (manifest.hpp).
+#include "manifest.hpp"
+
+#include "checkpoint_bytes.hpp"
+#include "file_bytes.hpp"
+#include "torch_archive.hpp"
+
+#include <loom/checkpoint/io.hpp>
+#include <loom/errors.hpp>
+
+#include <ATen/ATen.h>
+
+#include <unistd.h>
+
+#include <chrono>
+
+namespace loom::detail {
+namespace fs = std::filesystem;
+
+std::string fresh_staging_directory(const std::string& parent, const std::string& prefix) {
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(parent, ec)) {
+    if (entry.path().filename().string().rfind(prefix, 0) == 0) fs::remove_all(entry.path(), ec);
+  }
+  const auto stamp = std::chrono::steady_clock::now().time_since_epoch().count();
+  const fs::path staged = fs::path(parent) / (prefix + std::to_string(::getpid()) + "-" + std::to_string(stamp));
+  fs::create_directories(staged, ec);
+  return ec ? "!cannot create the staging directory " + staged.string() + " (" + ec.message() + ")" : staged.string();
+}
+
+std::string agree_on_staging(const std::string& path, std::string answer, comm::process_group& group) {
+  if (group.valid()) answer = group.broadcast_object(c10::IValue(answer), 0).toStringRef();
+  if (!answer.empty() && answer.front() == '!') fail_checkpoint(path, answer.substr(1));
+  return answer;
+}
+
+listed_file write_listed(const fs::path& staged, const std::string& name, const std::vector<char>& bytes) {
+  write_file_atomically((staged / name).string(), bytes);
+  return {name, static_cast<std::int64_t>(bytes.size()), static_cast<std::int64_t>(crc32_of(bytes.data(), bytes.size()))};
+}
+
+std::vector<listed_file> gather_listed(comm::process_group& group, const std::vector<listed_file>& mine,
+                                       const std::function<std::string(int rank, std::size_t slot)>& name_of) {
+  std::vector<std::int64_t> report;
+  for (const auto& file : mine) {
+    report.push_back(file.bytes);
+    report.push_back(file.crc32);
+  }
+  const at::Tensor local =
+      at::tensor(report, at::TensorOptions().dtype(at::kLong)).to(group.valid() ? group.device() : c10::Device(at::kCPU));
+  const at::Tensor everyone = (group.valid() ? group.all_gather_stacked(local) : local.unsqueeze(0)).to(at::kCPU);
+  std::vector<listed_file> out;
+  for (int r = 0; r < static_cast<int>(everyone.size(0)); ++r) {
+    for (std::size_t slot = 0; slot < mine.size(); ++slot) {
+      const auto column = static_cast<std::int64_t>(2 * slot);
+      const std::int64_t bytes = everyone[r][column].item<std::int64_t>();
+      if (bytes < 0) continue;
+      out.push_back({name_of(r, slot), bytes, everyone[r][column + 1].item<std::int64_t>()});
+    }
+  }
+  return out;
+}
+
+c10::IValue listed_value(const std::vector<listed_file>& files) {
+  c10::impl::GenericList list(c10::AnyType::get());
+  for (const auto& file : files) {
+    c10::impl::GenericDict entry(c10::StringType::get(), c10::AnyType::get());
+    entry.insert("name", file.name);
+    entry.insert("bytes", file.bytes);
+    entry.insert("crc32", file.crc32);
+    list.push_back(entry);
+  }
+  return list;
+}
+
+std::vector<std::pair<std::string, checkpoint_contents>> read_listed(const fs::path& directory,
+                                                                     const checkpoint_contents& index,
+                                                                     const fs::path& index_path) {
+  const std::string index_name = index_path.filename().string();
+  auto listed = index.entries.find(files_key);
+  if (listed == index.entries.end() || !listed->value().isList()) {
+    fail_checkpoint(index_path.string(), "does not list the other files (not a loom multi-file checkpoint's index)");
+  }
+  std::error_code ec;
+  // Every file is checked (present, size, CRC32) before any is parsed.
+  std::vector<std::pair<std::string, std::vector<char>>> files;
+  for (const auto& item : listed->value().toListRef()) {
+    const auto file = item.toGenericDict();
+    const std::string name = file.at("name").toStringRef();
+    const std::string file_path = (directory / name).string();
+    if (!fs::exists(file_path, ec)) {
+      fail_checkpoint(directory.string(), "is missing " + name + ", which " + index_name + " lists (a job of " +
+                                              std::to_string(index.metadata.world_size) +
+                                              " ranks wrote it); nothing was changed");
+    }
+    std::vector<char> bytes = read_file(file_path);
+    if (static_cast<std::int64_t>(bytes.size()) != file.at("bytes").toInt()) {
+      fail_checkpoint(file_path, "has " + std::to_string(bytes.size()) + " bytes, " + index_name + " says " +
+                                     std::to_string(file.at("bytes").toInt()) + " (torn or replaced); nothing was changed");
+    }
+    if (crc32_of(bytes.data(), bytes.size()) != static_cast<std::uint32_t>(file.at("crc32").toInt())) {
+      fail_checkpoint(file_path, "does not match the CRC32 " + index_name + " recorded (corrupted); nothing was changed");
+    }
+    files.emplace_back(file_path, std::move(bytes));
+  }
+  std::vector<std::pair<std::string, checkpoint_contents>> out;
+  for (auto& [file_path, bytes] : files) {
+    checkpoint_contents contents = parse_checkpoint(bytes, file_path);
+    std::vector<char>().swap(bytes);
+    if (contents.metadata.world_size != index.metadata.world_size) {
+      fail_checkpoint(file_path, "was written by a job of " + std::to_string(contents.metadata.world_size) +
+                                     " ranks, " + index_name + " by one of " + std::to_string(index.metadata.world_size) +
+                                     " (files of two saves mixed)");
+    }
+    out.emplace_back(fs::path(file_path).filename().string(), std::move(contents));
+  }
+  return out;
+}
+
+}  // namespace loom::detail
