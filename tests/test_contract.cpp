@@ -603,7 +603,7 @@ TEST_CASE("the device rule: loom's own tensors for collectives are built on the 
   CHECK_THAT(on_meta_group([](group_t& g) { (void)g.all_gather_per_rank(meta_ones()); }),
              Catch::Contains("all_gather") && !Catch::Contains(device_rule));
   // ZeRO's found-inf flag (src/strategy/zero_loss_scaler.cpp) and tensor
-  // parallel's norm (src/strategy/model_parallel.cpp), over CPU gradients.
+  // parallel's norm (clip_placed, src/strategy/placement.cpp), over CPU gradients.
   torch::nn::Linear linear(2, 1);
   for (auto& p : linear->parameters()) p.mutable_grad() = at::ones_like(p);
   torch::optim::SGD sgd(linear->parameters(), 0.1);
@@ -611,7 +611,12 @@ TEST_CASE("the device rule: loom's own tensors for collectives are built on the 
   CHECK_THAT(on_meta_group([&](group_t& g) { (void)scaler.unscale_and_check(sgd, &g); }),
              Catch::Contains("all_reduce") && !Catch::Contains(device_rule));
   CHECK_THAT(on_meta_group([&](group_t& g) {
-               (void)loom::detail::clip_tensor_parallel(*linear, g, nullptr, loom::clip_options{.max_norm = 1.0});
+               std::vector<loom::detail::placement> chunked;
+               for (const auto& p : linear->parameters()) {
+                 chunked.push_back({.parameter = p, .local = p.detach(), .shape = p.sizes().vec(), .dim = 0,
+                                    .chunk_group = g});
+               }
+               (void)loom::detail::clip_placed(chunked, loom::clip_options{.max_norm = 1.0});
              }),
              Catch::Contains("all_reduce") && !Catch::Contains(device_rule));
 }

@@ -860,209 +860,34 @@ void fsdp_engine::gather_full_parameters(int root,
   }
 }
 
-void fsdp_engine::with_full_state(std::vector<torch::optim::Optimizer*> optimizers, const std::function<void()>& body,
-                                  bool write_back, int root) {
-  impl& self = *impl_;
-  at::NoGradGuard no_grad;
-  // With a shard store, the shards stay in memory while body runs, and go
-  // back to the store (written when body may have changed them) after it.
-  struct pin {
-    fsdp_engine& engine;
-    bool written = false;
-    explicit pin(fsdp_engine& e) : engine(e) { engine.pin_shards(); }
-    ~pin() { engine.unpin_shards(written); }
-  } pinned_shards(*this);
-  // Ranks other than root take part in the gathers, one unit at a time, and keep nothing.
-  const bool keeps = root < 0 || root == self.global_rank;
-  // Per parameter: its full tensor (a copy), and per optimizer state field.
-  std::unordered_map<const void*, at::Tensor> full_of;
-  for (auto& unit : self.units) {
-    if (unit->params.empty()) continue;
-    const bool was_gathered = unit->gathered;
-    self.ensure_gathered(*unit);
-    if (keeps) {
-      for (auto& p : unit->params) full_of[p.param.unsafeGetTensorImpl()] = p.full_view.clone();
-    }
-    if (!was_gathered) self.release(*unit);
-  }
-  // Optimizer state of sharded parameters: each field gathered unit by unit
-  // through the same flat layout as the parameters.
-  struct state_slot {
-    at::Tensor* value;
-    unit_parameter* param;
-    sharded_unit* unit;
-  };
-  std::map<std::pair<int, std::string>, std::vector<state_slot>> fields;
-  std::unordered_map<const void*, std::pair<sharded_unit*, unit_parameter*>> where;
-  for (auto& unit : self.units) {
-    for (auto& p : unit->params) where[p.param.unsafeGetTensorImpl()] = {unit.get(), &p};
-  }
-  if (self.sharded()) {
-    for (torch::optim::Optimizer* optimizer : optimizers) {
-      const bool known = for_each_state_tensor(
-          *optimizer, [&](const at::Tensor& param, std::string_view field, at::Tensor& value) {
-            auto found = where.find(param.unsafeGetTensorImpl());
-            if (found == where.end() || !value.defined()) return;
-            if (value.numel() != found->second.second->shard_view.numel()) return;  // a scalar or already full
-            fields[{found->second.first->index, std::string(field)}].push_back(
-                {&value, found->second.second, found->second.first});
-          });
-      if (!known && !optimizer->state().empty()) {
-        throw configuration_error(
-            "fsdp: a full checkpoint of this optimizer's state needs its layout (SGD, Adam, AdamW, RMSprop and "
-            "Adagrad are known); save with state_dict_type=\"sharded\" or use one of those");
+std::vector<placement> fsdp_engine::placements() const {
+  const impl& self = *impl_;
+  std::vector<placement> out;
+  for (const auto& unit : self.units) {
+    for (const auto& p : unit->params) {
+      placement where{.parameter = p.param, .local = p.shard_view, .engine_owned = true, .shape = p.shape};
+      if (self.sharded()) {
+        where.offset = p.offset;
+        where.stride = unit->shard_numel;
+        where.slice_group = self.shard_group;
       }
+      if (self.replicate_group.valid()) where.replicated_over.push_back(self.replicate_group);
+      out.push_back(std::move(where));
     }
   }
-  std::vector<std::pair<state_slot, at::Tensor>> state_full;
-  for (auto& [key, slots] : fields) {
-    sharded_unit& unit = *self.units[static_cast<std::size_t>(key.first)];
-    at::Tensor flat_shard = at::zeros({unit.shard_numel}, unit.shard.options());
-    const int64_t shard_begin = self.shard_rank * unit.shard_numel;
-    for (auto& slot : slots) {
-      if (slot.value->numel() == 0) continue;
-      flat_shard.narrow(0, slot.param->local_offset - shard_begin, slot.value->numel()).copy_(slot.value->reshape({-1}));
-    }
-    at::Tensor flat_full = at::empty({unit.padded}, unit.shard.options());
-    self.shard_group.all_gather_into(flat_full, flat_shard).wait();
-    if (!keeps) continue;
-    for (auto& slot : slots) {
-      state_full.emplace_back(slot, flat_full.narrow(0, slot.param->offset, slot.param->numel).view(slot.param->shape).clone());
-    }
-  }
-  if (!keeps) {
-    body();
-    return;
-  }
-  // Swap in, run, swap back (slicing what body wrote).
-  std::vector<std::pair<at::Tensor*, at::Tensor>> saved_state;
-  for (auto& [slot, full] : state_full) {
-    saved_state.emplace_back(slot.value, *slot.value);
-    *slot.value = full;
-  }
-  for (auto& unit : self.units) {
-    for (auto& p : unit->params) p.param.set_data(full_of.at(p.param.unsafeGetTensorImpl()));
-  }
-  auto restore = [&](bool keep) {
-    for (auto& unit : self.units) {
-      for (auto& p : unit->params) {
-        if (keep) {
-          if (self.sharded()) {
-            const at::Tensor full = p.param.detach().reshape({-1});
-            if (p.shard_view.numel() > 0) {
-              p.shard_view.copy_(full.narrow(0, p.local_offset - p.offset, p.shard_view.numel()));
-            }
-          } else {
-            p.shard_view.copy_(p.param.detach());
-          }
-        }
-        p.param.set_data(p.shard_view);
-      }
-      unit->views_full = false;
-    }
-    if (!keep) {
-      for (auto& [value, original] : saved_state) *value = original;
-      return;
-    }
-    // body may have replaced the optimizers' state objects (a load does):
-    // every full-sized field of a sharded parameter is sliced to its shard.
-    if (!self.sharded()) return;
-    for (torch::optim::Optimizer* optimizer : optimizers) {
-      for_each_state_tensor(*optimizer, [&](const at::Tensor& param, std::string_view, at::Tensor& value) {
-        auto found = where.find(param.unsafeGetTensorImpl());
-        if (found == where.end() || !value.defined()) return;
-        const unit_parameter& p = *found->second.second;
-        // Full-sized (the parameter's shape; a rank whose part holds the
-        // whole parameter too: its shard view is flat).
-        if (value.numel() != p.numel || value.sizes() == p.shard_view.sizes()) return;
-        value = p.shard_view.numel() == 0
-                    ? at::empty({0}, value.options())
-                    : value.reshape({-1}).narrow(0, p.local_offset - p.offset, p.shard_view.numel()).clone();
-      });
-    }
-  };
-  try {
-    body();
-  } catch (...) {
-    restore(false);
-    throw;
-  }
-  restore(write_back);
-  pinned_shards.written = write_back;
+  return out;
 }
 
-namespace {
-void nest_full_state(const std::vector<std::shared_ptr<fsdp_engine>>& live, std::size_t k,
-                     const std::vector<torch::optim::Optimizer*>& optimizers, bool write_back, int root,
-                     const std::function<void()>& body) {
-  if (k == live.size()) {
-    body();
-    return;
-  }
-  live[k]->with_full_state(
-      optimizers, [&] { nest_full_state(live, k + 1, optimizers, write_back, root, body); }, write_back, root);
-}
-}  // namespace
+const torch::nn::Module& fsdp_engine::module() const { return *impl_->units.front()->module; }
 
-void with_full_engines(const std::vector<std::weak_ptr<fsdp_engine>>& engines,
-                       const std::vector<torch::optim::Optimizer*>& optimizers, bool write_back, int root,
-                       const std::function<void()>& body) {
-  std::vector<std::shared_ptr<fsdp_engine>> live;
-  for (const auto& weak : engines) {
-    if (auto engine = weak.lock()) live.push_back(std::move(engine));
-  }
-  nest_full_state(live, 0, optimizers, write_back, root, body);
-}
-
-namespace {
-
-// Each name in a checkpoint's modules must name one tensor (a tied weight is
-// one tensor under two names, which is fine; one name for two tensors is not).
-void claim_name(std::map<std::string, const void*>& owners, const std::string& name, const void* parameter,
-                std::string_view strategy) {
-  const auto [owner, fresh] = owners.emplace(name, parameter);
-  if (!fresh && owner->second != parameter) {
-    throw configuration_error(std::string(strategy) + ": two modules in this checkpoint have a parameter named '" +
-                              name + "', and a sharded checkpoint keys each slice by parameter name; save each "
-                              "model to its own path (fabric.save(path_g, {{\"model\", g}, ...}))");
-  }
-}
-
-}  // namespace
-
-shard_layout sharded_save_layout(const state& checkpoint, const std::vector<std::weak_ptr<fsdp_engine>>& engines,
-                                 std::string_view strategy, std::map<const void*, std::string>* names) {
-  shard_layout layout;
-  std::map<std::string, const void*> owners;
-  for (const auto& entry : checkpoint.entries()) {
-    if (auto* optimizer = entry.io().optimizer(); optimizer && !fsdp_engine::knows_state_layout(*optimizer)) {
-      throw configuration_error(std::string(strategy) + ": '" + entry.name() +
-                                "' is an optimizer whose state loom cannot slice (SGD, Adam, AdamW, RMSprop and "
-                                "Adagrad are known); a sharded save could not be resharded or consolidated");
-    }
-    const torch::nn::Module* module = entry.io().module();
-    if (module == nullptr) continue;
-    for (const auto& item : module->named_parameters()) {
-      const void* parameter = item.value().unsafeGetTensorImpl();
-      claim_name(owners, item.key(), parameter, strategy);
-      if (names != nullptr) names->emplace(parameter, item.key());
-      for (const auto& weak : engines) {
-        auto engine = weak.lock();
-        if (!engine) continue;
-        if (auto range = engine->shard_of(item.value())) layout[item.key()] = *range;
-      }
-    }
-  }
-  return layout;
+void fsdp_engine::after_full_state(bool changed) {
+  for (auto& unit : impl_->units) unit->views_full = false;
+  unpin_shards(changed);
 }
 
 std::optional<shard_range> fsdp_engine::shard_of(const at::Tensor& parameter) const {
-  if (!impl_->sharded()) return std::nullopt;
-  for (const auto& unit : impl_->units) {
-    for (const auto& p : unit->params) {
-      if (!p.param.is_same(parameter)) continue;
-      return shard_range{p.local_offset - p.offset, p.local_offset - p.offset + p.shard_view.numel(), p.shape};
-    }
+  for (const auto& where : placements()) {
+    if (where.parameter.is_same(parameter)) return save_range(where);
   }
   return std::nullopt;
 }

@@ -218,15 +218,15 @@ void LinearImpl::parallelize(const std::string& name, const parallel_style& styl
   if (colwise) {
     detail::check_divisible(name, "out_features", weight.size(0), group, style);
     detail::keep_slice(weight, 0, group);
-    sharded_.push_back({weight, 0});
+    sharded_.push_back({weight, 0, group});
     if (bias.defined()) {
       detail::keep_slice(bias, 0, group);
-      sharded_.push_back({bias, 0});
+      sharded_.push_back({bias, 0, group});
     }
   } else {
     detail::check_divisible(name, "in_features", weight.size(1), group, style);
     detail::keep_slice(weight, 1, group);
-    sharded_.push_back({weight, 1});
+    sharded_.push_back({weight, 1, group});
   }
   binding_ = std::make_shared<const detail::binding>(detail::binding{group, style});
 }
@@ -244,7 +244,7 @@ void EmbeddingImpl::parallelize(const std::string& name, const parallel_style& s
   detail::check_divisible(name, colwise ? "embedding_dim" : "num_embeddings (the vocabulary)", weight.size(dim), group,
                           style);
   detail::keep_slice(weight, dim, group);
-  sharded_.push_back({weight, dim});
+  sharded_.push_back({weight, dim, group});
   binding_ = std::make_shared<const detail::binding>(detail::binding{group, style});
 }
 

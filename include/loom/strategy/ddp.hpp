@@ -29,12 +29,7 @@ struct ddp : parallel {
 
   ddp() = default;
   explicit ddp(ddp_options options)
-      : parallel(parallel_options{
-            .timeout = options.timeout,
-            .backend = options.process_group_backend,
-            .launcher = options.launcher,
-            .mpi_communicator = options.mpi_communicator,
-            .collective_timeout = options.collective_timeout}),
+      : parallel(process_options_of(options)),
         options_(options) {}
 
   module_state setup_module(torch::nn::Module& module, bool move_to_device = true) {

@@ -72,11 +72,7 @@ struct deepspeed : fsdp {
 
   deepspeed() : deepspeed(deepspeed_options{}) {}
   explicit deepspeed(deepspeed_options options)
-      : fsdp(fsdp_options{.timeout = options.timeout,
-                          .process_group_backend = options.process_group_backend,
-                          .launcher = options.launcher,
-                          .mpi_communicator = options.mpi_communicator,
-            .collective_timeout = options.collective_timeout}),
+      : fsdp(with_process_options_of(options, fsdp_options{})),
         arguments_(std::move(options)) {}
 
   // The configuration is resolved once the world size is known (the batch

@@ -33,6 +33,29 @@ struct parallel_options {
   std::chrono::milliseconds collective_timeout = std::chrono::seconds(300);
 };
 
+// The process options every distributed strategy's option struct carries
+// (ddp_options, fsdp_options, deepspeed_options, model_parallel_options,
+// under Lightning's names), read in one place.
+template <class Options>
+parallel_options process_options_of(const Options& options) {
+  return {.timeout = options.timeout,
+          .backend = options.process_group_backend,
+          .launcher = options.launcher,
+          .mpi_communicator = options.mpi_communicator,
+          .collective_timeout = options.collective_timeout};
+}
+// `to` with the process options of `from` (a strategy built on another's).
+template <class Options, class From>
+Options with_process_options_of(const From& from, Options to) {
+  const parallel_options process = process_options_of(from);
+  to.timeout = process.timeout;
+  to.process_group_backend = process.backend;
+  to.launcher = process.launcher;
+  to.mpi_communicator = process.mpi_communicator;
+  to.collective_timeout = process.collective_timeout;
+  return to;
+}
+
 namespace detail {
 
 class distributed_runtime {

@@ -7,6 +7,7 @@
 #include <loom/compat.hpp>
 #include <loom/strategy/fsdp_engine.hpp>
 #include <loom/strategy/fsdp_options.hpp>
+#include <loom/strategy/full_state.hpp>
 #include <loom/strategy/no_sync_guard.hpp>
 #include <loom/strategy/parallel.hpp>
 #include <loom/strategy/unit.hpp>
@@ -34,12 +35,7 @@ struct fsdp : parallel {
 
   fsdp() = default;
   explicit fsdp(fsdp_options options)
-      : parallel(parallel_options{
-            .timeout = options.timeout,
-            .backend = options.process_group_backend,
-            .launcher = options.launcher,
-            .mpi_communicator = options.mpi_communicator,
-            .collective_timeout = options.collective_timeout}),
+      : parallel(process_options_of(options)),
         options_(std::move(options)) {}
 
   void setup_environment(const strategy_environment& environment) {
@@ -138,7 +134,8 @@ struct fsdp : parallel {
   // optimizers' state) full-sized.
   template <class Body>
   void with_full_state(const state& checkpoint, bool write_back, int root, Body&& body) {
-    detail::with_full_engines(engines_, checkpoint.optimizers(), write_back, root, body);
+    detail::with_full_state(engines_, checkpoint.modules(), checkpoint.optimizers(), write_back,
+                            /*keeps=*/root < 0 || root == global_rank(), body);
   }
 
   fsdp_options options_;

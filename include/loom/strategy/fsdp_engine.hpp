@@ -11,6 +11,7 @@
 #include <loom/checkpoint/io.hpp>
 #include <loom/comm/process_group.hpp>
 #include <loom/strategy/fsdp_options.hpp>
+#include <loom/strategy/placement.hpp>
 #include <loom/util/apply_to_collection.hpp>
 #include <loom/util/clip_options.hpp>
 
@@ -96,12 +97,15 @@ class fsdp_engine {
   // Full parameters, gathered unit by unit: visit(name, full tensor) on
   // `root` only (every rank takes part). -1: on every rank.
   void gather_full_parameters(int root, const std::function<void(const std::string&, const at::Tensor&)>& visit);
-  // Runs body with every parameter (and, when given, the optimizers' state)
-  // full-sized on `root` (-1: every rank), gathered unit by unit (the other
-  // ranks keep nothing); with write_back, what body wrote is sliced back
-  // into this rank's shards. For full checkpoints.
-  void with_full_state(std::vector<torch::optim::Optimizer*> optimizers, const std::function<void()>& body,
-                       bool write_back, int root = -1);
+  // One placement record per parameter (placement.hpp): its flat slice of
+  // the unit's buffer over the shard group, what the full-state scope, the
+  // save layout and the checkpoints read.
+  std::vector<placement> placements() const;
+  // The module the engine was set up on (its root unit).
+  const torch::nn::Module& module() const;
+  // The end of a full-state scope (full_state.hpp): the parameters point at
+  // their shards, and a shard store writes them when changed.
+  void after_full_state(bool changed);
   // This rank's slice of a sharded parameter (nullopt: not sharded here).
   std::optional<shard_range> shard_of(const at::Tensor& parameter) const;
   // Whether an optimizer's per-parameter state can be sliced and gathered
@@ -152,15 +156,9 @@ auto forward_through(fsdp_engine& engine, Forward&& run) {
   return output;
 }
 
-// Runs body with every live engine's parameters (and the optimizers' state)
-// full-sized, the engines' with_full_state nested (the checkpoints of fsdp,
-// deepspeed and model_parallel's data-parallel dimension).
-void with_full_engines(const std::vector<std::weak_ptr<fsdp_engine>>& engines,
-                       const std::vector<torch::optim::Optimizer*>& optimizers, bool write_back, int root,
-                       const std::function<void()>& body);
-
-// The slices of the engines' parameters (by state-dict name) a sharded save
-// of checkpoint writes; a configuration_error, naming `strategy`, for an
+// The slices of the split parameters (by state-dict name) a sharded save of
+// checkpoint writes, read off their placements (the engines' slices, tensor
+// parallel's chunks); a configuration_error, naming `strategy`, for an
 // optimizer whose state loom cannot slice, and for two modules (a GAN's) with
 // a parameter of the same name, whose slices would write over each other.
 // `names`, when given, receives each parameter's (TensorImpl's) name.

@@ -23,9 +23,9 @@
 #include <loom/compat.hpp>
 #include <loom/strategy/fsdp_engine.hpp>
 #include <loom/strategy/fsdp_options.hpp>
+#include <loom/strategy/full_state.hpp>
 #include <loom/strategy/no_sync_guard.hpp>
 #include <loom/strategy/parallel.hpp>
-#include <loom/tp/full_parameters.hpp>
 #include <loom/tp/parallelize.hpp>
 
 #include <chrono>
@@ -59,16 +59,6 @@ namespace detail {
 // The mesh's sizes from the options and the job ("auto" resolved); a
 // configuration_error naming the three numbers when they do not multiply.
 std::pair<int, int> model_parallel_sizes(int data_parallel, int tensor_parallel, int world_size, int num_nodes);
-// Total gradient norm over a tensor-parallel model: sharded parameters
-// summed over the group, replicated ones counted once; with a data-parallel
-// group (its engine holds each rank's slice of every gradient), both summed
-// over it first. Clips in place.
-std::optional<double> clip_tensor_parallel(torch::nn::Module& module, const comm::process_group& tensor_group,
-                                           const comm::process_group* data_group, const clip_options& options);
-// A distributed save's layout: the data-parallel engines' slices, and each
-// tensor-parallel chunk named by (dimension, part, parts).
-shard_layout model_parallel_layout(const state& checkpoint, const std::vector<std::weak_ptr<fsdp_engine>>& engines,
-                                   const comm::process_group& tensor_group);
 }  // namespace detail
 
 struct model_parallel : parallel {
@@ -83,11 +73,7 @@ struct model_parallel : parallel {
 
   model_parallel() = default;
   explicit model_parallel(model_parallel_options options)
-      : parallel(parallel_options{.timeout = options.timeout,
-                                  .backend = options.process_group_backend,
-                                  .launcher = options.launcher,
-                                  .mpi_communicator = options.mpi_communicator,
-                                  .collective_timeout = options.collective_timeout}),
+      : parallel(process_options_of(options)),
         options_(std::move(options)) {}
 
   void setup_environment(const strategy_environment& environment) {
@@ -154,17 +140,16 @@ struct model_parallel : parallel {
 
   template <class State>
   std::optional<double> clip_gradients(State& engine, torch::nn::Module& module, const clip_options& options) {
-    comm::device_mesh& mesh = device_mesh();
-    if (!engine) return detail::clip_tensor_parallel(module, mesh.group("tensor_parallel"), nullptr, options);
-    if (mesh.size("tensor_parallel") == 1 || options.clip_val) return engine->clip_gradients(options);
-    const comm::process_group& data = mesh.group("data_parallel");
-    return detail::clip_tensor_parallel(module, mesh.group("tensor_parallel"), &data, options);
+    // Over the placements: chunks summed over the tensor-parallel group,
+    // the engine's slices over the data-parallel one, replicas counted once.
+    std::vector<std::weak_ptr<detail::fsdp_engine>> engines;
+    if (engine) engines.push_back(engine);
+    return detail::clip_placed(detail::placements_of(engines, {&module}), options);
   }
 
   // ------------------------------------------------------------ checkpoints
   void save_checkpoint(const std::string& path, const state& checkpoint, const state_filter& filter,
                        const checkpoint_metadata& metadata) {
-    comm::device_mesh& mesh = device_mesh();
     if (!options_.save_distributed_checkpoint) {
       with_full_state(checkpoint, /*write_back=*/false, [&] {
         if (global_rank() == 0) loom::save_checkpoint(path, checkpoint, filter, metadata);
@@ -177,8 +162,7 @@ struct model_parallel : parallel {
                                 "ones); set save_distributed_checkpoint=false to filter a full save");
     }
     loom::save_sharded_checkpoint(path, checkpoint, metadata,
-                                  detail::model_parallel_layout(checkpoint, engines_, mesh.group("tensor_parallel")),
-                                  group());
+                                  detail::sharded_save_layout(checkpoint, engines_, "model_parallel"), group());
   }
   // Full or distributed, written on any mesh (or by single_device, ddp,
   // fsdp): every rank reads it at full size and keeps its chunks and slices.
@@ -195,14 +179,10 @@ struct model_parallel : parallel {
  private:
   // Runs body with the checkpoint's modules and optimizers' state full-sized
   // on every rank: the data-parallel slices gathered, then the
-  // tensor-parallel chunks.
+  // tensor-parallel chunks (full_state.hpp).
   template <class Body>
   void with_full_state(const state& checkpoint, bool write_back, Body&& body) {
-    const std::vector<torch::optim::Optimizer*> optimizers = checkpoint.optimizers();
-    detail::with_full_engines(engines_, optimizers, write_back, /*root=*/-1, [&] {
-      tp::with_full_parameters(checkpoint.modules(), device_mesh().group("tensor_parallel"), optimizers, body,
-                               write_back);
-    });
+    detail::with_full_state(engines_, checkpoint.modules(), checkpoint.optimizers(), write_back, /*keeps=*/true, body);
   }
 
   model_parallel_options options_;

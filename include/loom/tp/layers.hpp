@@ -36,10 +36,12 @@ at::Tensor dropout_forward(const binding& bound, const at::Tensor& input, double
 }  // namespace detail
 
 // A parameter that holds this rank's chunk of the full tensor along dim
-// (chunk(group size, dim)[group rank]).
+// (chunk(group size, dim)[group rank]): its placement, as the layer
+// publishes it.
 struct sharded_parameter {
   at::Tensor value;
   int64_t dim = 0;
+  comm::process_group group;
 };
 
 // What parallelize_module finds among a model's modules (dynamic_cast, once).

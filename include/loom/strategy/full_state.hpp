@@ -1,0 +1,38 @@
+// The full-state scope, written once for every sharded strategy: body runs
+// with every split parameter (and the optimizers' state of it) full-sized,
+// then each rank keeps its part again. fsdp's, deepspeed's and
+// model_parallel's full checkpoints and every load go through it; the
+// parameters' placements (placement.hpp) say how to gather and slice.
+#pragma once
+
+#include <loom/strategy/fsdp_engine.hpp>
+#include <loom/strategy/placement.hpp>
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace loom::detail {
+
+// The placement of every parameter of the engines' modules and of `modules`
+// (each once, tied ones included), in an order every rank shares: the
+// engines' flat slices composed with the chunks of the tensor-parallel
+// layers they contain.
+std::vector<placement> placements_of(const std::vector<std::weak_ptr<fsdp_engine>>& engines,
+                                     const std::vector<const torch::nn::Module*>& modules);
+
+// Runs body with the parameters of placements_of(engines, modules), and each
+// per-parameter state tensor of `optimizers` for them (exp_avg,
+// momentum_buffer, ...), full-sized. Collective: every rank calls it with
+// the same arguments. Only where `keeps` does body see full tensors (a save
+// that one rank writes: the others take part in the gathers, one parameter at
+// a time, and hold nothing). With write_back each rank then keeps its part of
+// what body left, the optimizers' state included (a load); without, its parts
+// come back; also when body throws. An engine's shard store holds its shards
+// in memory meanwhile.
+void with_full_state(const std::vector<std::weak_ptr<fsdp_engine>>& engines,
+                     const std::vector<const torch::nn::Module*>& modules,
+                     const std::vector<torch::optim::Optimizer*>& optimizers, bool write_back, bool keeps,
+                     const std::function<void()>& body);
+
+}  // namespace loom::detail

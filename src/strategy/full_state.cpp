@@ -1,0 +1,196 @@
+// The placements of a set-up model, and the one full-state scope over them
+// (full_state.hpp).
+#include <loom/errors.hpp>
+#include <loom/strategy/fsdp_engine.hpp>
+#include <loom/strategy/full_state.hpp>
+#include <loom/tp/layers.hpp>
+#include <loom/tp/parallelize.hpp>
+
+#include "../util/optimizer_families.hpp"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <algorithm>
+#include <unordered_map>
+
+namespace loom::detail {
+
+namespace {
+
+std::vector<std::shared_ptr<fsdp_engine>> live_engines(const std::vector<std::weak_ptr<fsdp_engine>>& engines) {
+  std::vector<std::shared_ptr<fsdp_engine>> live;
+  for (const auto& weak : engines) {
+    if (auto engine = weak.lock()) live.push_back(std::move(engine));
+  }
+  return live;
+}
+
+}  // namespace
+
+std::vector<placement> placements_of(const std::vector<std::weak_ptr<fsdp_engine>>& engines,
+                                     const std::vector<const torch::nn::Module*>& modules) {
+  std::vector<placement> placed;
+  std::unordered_map<const void*, std::size_t> index;
+  std::vector<const torch::nn::Module*> roots;
+  auto add_root = [&](const torch::nn::Module* module) {
+    if (std::find(roots.begin(), roots.end(), module) == roots.end()) roots.push_back(module);
+  };
+  for (const auto& engine : live_engines(engines)) {
+    for (auto& where : engine->placements()) {
+      if (index.emplace(where.parameter.unsafeGetTensorImpl(), placed.size()).second) placed.push_back(std::move(where));
+    }
+    add_root(&engine->module());
+  }
+  for (const torch::nn::Module* module : modules) add_root(module);
+  for (const torch::nn::Module* root : roots) {
+    for (const auto& parameter : root->parameters()) {
+      if (index.emplace(parameter.unsafeGetTensorImpl(), placed.size()).second) {
+        placed.push_back({.parameter = parameter, .local = parameter.detach(), .shape = parameter.sizes().vec()});
+      }
+    }
+  }
+  // Tensor parallel chunks what the engine (if any) then slices.
+  for (const torch::nn::Module* root : roots) {
+    for (const tp::layer_marker* layer : tp::parallelized_layers(*root)) {
+      for (const auto& chunk : layer->sharded_parameters()) {
+        auto found = index.find(chunk.value.unsafeGetTensorImpl());
+        if (found == index.end()) continue;
+        placement& where = placed[found->second];
+        if (where.dim >= 0) continue;  // reached from two roots
+        where.dim = chunk.dim;
+        where.chunk_group = chunk.group;
+        where.shape[static_cast<std::size_t>(chunk.dim)] *= chunk.group.size();
+      }
+    }
+  }
+  return placed;
+}
+
+namespace {
+
+// The engines' shards stay in memory for the scope (a shard store's are
+// read in), and the parameters point at their shards again after it.
+struct engines_in_scope {
+  std::vector<std::shared_ptr<fsdp_engine>> live;
+  bool changed = false;
+  explicit engines_in_scope(std::vector<std::shared_ptr<fsdp_engine>> engines) : live(std::move(engines)) {
+    for (auto& engine : live) engine->pin_shards();
+  }
+  ~engines_in_scope() {
+    for (auto& engine : live) engine->after_full_state(changed);
+  }
+};
+
+// A per-parameter optimizer state tensor holding the same elements as its
+// parameter's local part.
+struct state_slot {
+  at::Tensor* value;
+  const placement* where;
+  at::Tensor original;
+  at::Tensor full;
+};
+
+std::vector<state_slot> state_slots(const std::vector<torch::optim::Optimizer*>& optimizers,
+                                    const std::unordered_map<const void*, const placement*>& where_of, bool any_split) {
+  std::vector<state_slot> slots;
+  for (torch::optim::Optimizer* optimizer : optimizers) {
+    const bool known = for_each_state_tensor(*optimizer, [&](const at::Tensor& parameter, std::string_view,
+                                                             at::Tensor& value) {
+      auto found = where_of.find(parameter.unsafeGetTensorImpl());
+      if (found == where_of.end() || !value.defined() || value.dim() == 0) return;  // a scalar (step)
+      if (value.numel() != found->second->local.numel()) return;
+      slots.push_back({&value, found->second, value, {}});
+    });
+    if (!known && any_split && !optimizer->state().empty()) {
+      throw configuration_error(
+          "a full checkpoint of a sharded optimizer's state needs its layout (SGD, Adam, AdamW, RMSprop and "
+          "Adagrad are known); save a sharded checkpoint instead, or use one of those");
+    }
+  }
+  return slots;
+}
+
+// After body: every full-sized state tensor of a split parameter (body may
+// have replaced them: a load does) becomes this rank's part.
+void slice_full_state(const std::vector<torch::optim::Optimizer*>& optimizers,
+                      const std::unordered_map<const void*, const placement*>& where_of) {
+  for (torch::optim::Optimizer* optimizer : optimizers) {
+    for_each_state_tensor(*optimizer, [&](const at::Tensor& parameter, std::string_view, at::Tensor& value) {
+      auto found = where_of.find(parameter.unsafeGetTensorImpl());
+      if (found == where_of.end() || !value.defined() || value.dim() == 0) return;
+      const placement& where = *found->second;
+      std::int64_t full_numel = 1;
+      for (std::int64_t extent : where.shape) full_numel *= extent;
+      if (value.numel() != full_numel || value.sizes() == where.local.sizes()) return;
+      value = local_part(where, value).clone();
+    });
+  }
+}
+
+}  // namespace
+
+void with_full_state(const std::vector<std::weak_ptr<fsdp_engine>>& engines,
+                     const std::vector<const torch::nn::Module*>& modules,
+                     const std::vector<torch::optim::Optimizer*>& optimizers, bool write_back, bool keeps,
+                     const std::function<void()>& body) {
+  at::NoGradGuard no_grad;
+  engines_in_scope scope(live_engines(engines));
+  std::vector<placement> placed;
+  for (auto& where : placements_of(engines, modules)) {
+    if (where.split() || where.engine_owned) placed.push_back(std::move(where));
+  }
+  std::unordered_map<const void*, const placement*> where_of;
+  for (const auto& where : placed) where_of.emplace(where.parameter.unsafeGetTensorImpl(), &where);
+
+  // Gathered one at a time in the records' order (every rank's); a rank that
+  // does not keep drops each at once.
+  std::vector<at::Tensor> full(placed.size());
+  for (std::size_t i = 0; i < placed.size(); ++i) {
+    at::Tensor gathered = gather_full(placed[i], placed[i].local);
+    if (keeps) full[i] = placed[i].split() ? gathered : gathered.clone();  // unsplit: a view of the shard
+  }
+  const bool any_split = std::any_of(placed.begin(), placed.end(), [](const placement& p) { return p.split(); });
+  std::vector<state_slot> slots = state_slots(optimizers, where_of, any_split);
+  for (auto& slot : slots) {
+    at::Tensor gathered = gather_full(*slot.where, slot.original);
+    if (keeps) slot.full = slot.where->split() ? gathered : gathered.clone();
+  }
+
+  if (keeps) {
+    for (std::size_t i = 0; i < placed.size(); ++i) placed[i].parameter.set_data(full[i]);
+    for (auto& slot : slots) *slot.value = slot.full;
+  }
+  auto restore = [&](bool keep) {
+    for (const auto& where : placed) {
+      at::Tensor local = where.local;
+      if (keep) {
+        at::Tensor part = local_part(where, where.parameter.detach());
+        if (where.engine_owned) {
+          if (local.numel() > 0) local.copy_(part);
+        } else {
+          local = part.clone();
+        }
+      }
+      where.parameter.set_data(local);
+    }
+    if (keep) {
+      slice_full_state(optimizers, where_of);
+    } else {
+      for (auto& slot : slots) *slot.value = slot.original;
+    }
+  };
+  try {
+    body();
+  } catch (...) {
+    restore(false);
+    throw;
+  }
+  const bool changed = keeps && write_back;
+  restore(changed);
+  scope.changed = changed;
+}
+
+}  // namespace loom::detail
