@@ -1,5 +1,6 @@
 #include <loom/errors.hpp>
 #include <loom/precision/grad_scaler.hpp>
+#include <loom/util/unscale_gradients.hpp>
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -70,18 +71,7 @@ void grad_scaler::unscale_(torch::optim::Optimizer& optimizer, optimizer_slot sl
       grads.push_back(grad);
     }
   }
-  if (!grads.empty()) {
-    if (grads.front().is_cuda()) {
-      at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
-    } else {
-      // CPU: the check looks at the scaled values, as the fused kernel does,
-      // then every gradient is multiplied, finite or not.
-      for (auto& grad : grads) {
-        found_inf.logical_or_(at::isfinite(grad).all().logical_not());
-        grad.mul_(inv_scale.to(grad.device()));
-      }
-    }
-  }
+  detail::unscale_and_find_nonfinite(grads, found_inf, inv_scale);
   state.found_inf = found_inf;
   state.current = stage::unscaled;
 }

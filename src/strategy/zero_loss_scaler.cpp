@@ -1,5 +1,6 @@
 #include <loom/errors.hpp>
 #include <loom/strategy/zero_loss_scaler.hpp>
+#include <loom/util/unscale_gradients.hpp>
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -42,15 +43,13 @@ bool zero_loss_scaler::unscale_and_check(torch::optim::Optimizer& optimizer, com
   // On the group's device: what NCCL reduces.
   at::Tensor found = at::zeros(
       {1}, at::TensorOptions().dtype(at::kFloat).device(reduce ? group->device() : c10::Device(c10::DeviceType::CPU)));
-  const double inverse = 1.0 / scale_;
+  std::vector<at::Tensor> gradients;
   for (auto& param_group : optimizer.param_groups()) {
     for (auto& p : param_group.params()) {
-      if (!p.grad().defined()) continue;
-      at::Tensor g = p.mutable_grad();
-      if (!at::isfinite(g).all().item<bool>()) found.fill_(1.0);
-      g.mul_(inverse);
+      if (p.grad().defined()) gradients.push_back(p.mutable_grad());
     }
   }
+  detail::unscale_and_find_nonfinite(gradients, found, at::full({1}, 1.0 / scale_, found.options()));
   if (reduce) group->all_reduce(found, reduce_op::max);
   return found.item<float>() > 0;
 }
