@@ -191,15 +191,19 @@ void post_reduce_scatter(process_group_state& state, work_slot& slot, std::size_
   const at::Tensor own = flat_in.narrow(0, n * state.rank, n);
   const bool alltoall = state.emulation.load(std::memory_order_relaxed) == emulation::alltoall;
   const bool widen = flat_out.scalar_type() == at::kBFloat16 || flat_out.scalar_type() == at::kHalf;
-  if (state.size == 2 && !alltoall && !widen && flat_out.data_ptr() != own.data_ptr()) {
-    // Two ranks: the peer's chunk arrives in out itself, and own is added to
-    // it (a + b == b + a exactly): no buffer of the chunk's size is needed.
-    slot.reductions.push_back({flat_out, own, -1, op});
+  if (state.size == 2 && !alltoall && !widen) {
+    // Two ranks: the peer's chunk arrives in out itself and own is added to
+    // it (a + b == b + a exactly), so no buffer of the chunk's size is
+    // needed; where out is own (ZeRO-1's gradient buffer reduces into its own
+    // chunk), it arrives in one chunk of scratch and is added to out.
+    const bool aliased = flat_out.data_ptr() == own.data_ptr();
+    const at::Tensor arrives = aliased ? scratch(slot, index, n, flat_in) : flat_out;
+    slot.reductions.push_back({flat_out, aliased ? arrives : own, -1, op});
     record_emulated(state, collective_kind::reduce_scatter, flat_out);
     const int peer = 1 - state.rank;
     slot.arguments[0] = flat_in.narrow(0, n * peer, n);
     slot.pending.push_back(state.backend->send(slot.arguments, peer, reduce_scatter_tag));
-    slot.arguments[0] = flat_out;
+    slot.arguments[0] = arrives;
     slot.pending.push_back(state.backend->recv(slot.arguments, peer, reduce_scatter_tag));
     return;
   }
@@ -240,7 +244,7 @@ void combine(at::Tensor& accumulator, const at::Tensor& chunk, reduce_op op) {
 void reduce_chunks(const process_group_state& state, work_slot& slot, const work_slot::reduction& entry) {
   const int64_t n = entry.out.numel();
   if (entry.received < 0) {
-    at::Tensor out = entry.out;  // holds the peer's chunk
+    at::Tensor out = entry.out;  // holds one of the two chunks, entry.own the other
     combine(out, entry.own, entry.op);
     if (entry.op == reduce_op::mean) out.div_(state.size);
     return;
