@@ -26,7 +26,6 @@
 #include <loom/comm/device_mesh.hpp>
 #include <loom/errors.hpp>
 #include <loom/strategy/fsdp_engine.hpp>
-#include <loom/strategy/gradient_norm.hpp>
 #include <loom/strategy/unit.hpp>
 
 #include "../checkpoint/optimizer_state.hpp"
@@ -823,25 +822,8 @@ void fsdp_engine::zero_grad() {
 }
 
 std::optional<double> fsdp_engine::clip_gradients(const clip_options& options) {
-  impl& self = *impl_;
-  std::vector<at::Tensor> grads;
-  for (auto& unit : self.units) {
-    if (unit->params.empty()) continue;
-    bool any = false;
-    for (auto& p : unit->params) any = any || p.param.grad().defined();
-    if (any) grads.push_back(unit->grad_shard);
-  }
-  if (options.clip_val) {
-    const double limit = *options.clip_val;
-    for (auto& g : grads) g.clamp_(-limit, limit);
-    return std::nullopt;
-  }
-  // Each rank holds its shard of every unit's gradient.
-  gradient_norm norm(options.norm_type,
-                     self.shard_group.valid() ? self.shard_group.device() : self.compute_device);
-  for (auto& g : grads) norm.add(g);
-  norm.reduce_over(self.shard_group);
-  return clip_to_max_norm(norm, grads, options);
+  // Each rank holds its slice of every gradient (the norm over placements).
+  return clip_placed(placements(), options);
 }
 
 void fsdp_engine::gather_full_parameters(int root,
