@@ -49,7 +49,9 @@ bool zero_loss_scaler::unscale_and_check(torch::optim::Optimizer& optimizer, com
       if (p.grad().defined()) gradients.push_back(p.mutable_grad());
     }
   }
-  detail::unscale_and_find_nonfinite(gradients, found, at::full({1}, 1.0 / scale_, found.options()));
+  const c10::Device where = gradients.empty() ? c10::Device(c10::DeviceType::CPU) : gradients.front().device();
+  detail::unscale_and_find_nonfinite(gradients, found,
+                                     at::full({1}, 1.0 / scale_, at::TensorOptions().dtype(at::kFloat).device(where)));
   if (reduce) group->all_reduce(found, reduce_op::max);
   return found.item<float>() > 0;
 }
