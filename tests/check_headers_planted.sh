@@ -1,12 +1,15 @@
 #!/bin/sh
-# check_headers_planted.sh CHECK_HEADERS -- COMPILER ARGS...
-# check_headers.sh must catch a header that compiles only because another
-# header brought its standard or LibTorch include: three headers are planted
+# check_headers_planted.sh CHECK_HEADERS_PY -- COMPILER ARGS...
+# check_headers.py must catch a header that compiles only because another
+# header brought its standard or LibTorch include: four headers are planted
 # in a scratch include tree beside a correct one, and the check must fail
-# naming exactly the three.
+# naming exactly the four.
 # - loom/planted/uses_vector.hpp uses std::vector, includes nothing;
 # - loom/planted/uses_tensor.hpp uses at::Tensor, includes only <vector>;
-# - loom/planted/uses_loom.hpp uses a loom name, includes nothing.
+# - loom/planted/uses_loom.hpp uses a loom name, includes nothing;
+# - loom/planted/uses_optimizer.hpp includes <ATen/core/Tensor.h> and uses
+#   torch::optim::Optimizer: it compiles over the check's Tensor prelude,
+#   and must not be given the larger prelude that holds optimizer.h.
 # Every one of them compiles after a prelude (as the check used to compile
 # them): the control compiles them that way and must pass.
 set -eu
@@ -36,16 +39,21 @@ cat > "$work/include/loom/planted/uses_loom.hpp" <<'EOF'
 #include <ATen/core/Tensor.h>
 namespace loom::planted { inline std::vector<at::Tensor> needs_loom() { return complete(); } }
 EOF
+cat > "$work/include/loom/planted/uses_optimizer.hpp" <<'EOF'
+#pragma once
+#include <ATen/core/Tensor.h>
+namespace loom::planted { inline void needs_optimizer(torch::optim::Optimizer& o) { o.zero_grad(); } }
+EOF
 
 status=0
-sh "$check" "$work/include" -- "$@" -I "$work/include" > "$work/out" 2>&1 || status=$?
+/usr/bin/python3 "$check" "$work/include" -- "$@" -I "$work/include" > "$work/out" 2>&1 || status=$?
 sed 's/^/  /' "$work/out" | grep -E 'FAIL|check_headers' || true
 failed=0
 if [ $status -eq 0 ]; then
-  echo "FAIL: check_headers.sh passed a tree with three incomplete headers"
+  echo "FAIL: check_headers.py passed a tree with four incomplete headers"
   failed=1
 fi
-for header in uses_vector uses_tensor uses_loom; do
+for header in uses_vector uses_tensor uses_loom uses_optimizer; do
   if grep -q "^FAIL: loom/planted/$header.hpp" "$work/out"; then
     echo "ok: loom/planted/$header.hpp is caught"
   else
@@ -58,11 +66,11 @@ if grep -q "^FAIL: loom/planted/complete.hpp" "$work/out"; then
   failed=1
 fi
 
-# Control: behind a prelude (what a real program includes first) all four
-# compile in one TU, so only compiling each with no prelude tells them apart.
+# Control: behind a prelude (what a real program includes first) all five
+# compile in one TU, so only compiling each on its own tells them apart.
 {
-  printf '#include <vector>\n#include <ATen/core/Tensor.h>\n#include <loom/planted/complete.hpp>\n'
-  for header in uses_vector uses_tensor uses_loom; do printf '#include <loom/planted/%s.hpp>\n' "$header"; done
+  printf '#include <vector>\n#include <ATen/core/Tensor.h>\n#include <torch/optim/optimizer.h>\n#include <loom/planted/complete.hpp>\n'
+  for header in uses_vector uses_tensor uses_loom uses_optimizer; do printf '#include <loom/planted/%s.hpp>\n' "$header"; done
 } > "$work/control.cpp"
 if ! "$@" -I "$work/include" -fsyntax-only "$work/control.cpp" > "$work/control" 2>&1; then
   echo "FAIL: control: the planted headers do not compile even behind a prelude:"
@@ -70,6 +78,6 @@ if ! "$@" -I "$work/include" -fsyntax-only "$work/control.cpp" > "$work/control"
   failed=1
 fi
 if [ $failed -eq 0 ]; then
-  echo "ok: behind a prelude all four compile; check_headers.sh, with none, names the three incomplete ones"
+  echo "ok: behind a prelude all five compile; check_headers.py, each on its own, names the four incomplete ones"
 fi
 exit $failed

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""check_headers.py INCLUDE_DIR -- COMPILER ARGS...
+
+Every public header must compile on its own: each is compiled alone
+(-fsyntax-only) as the first and only include of a TU, on every core at once.
+So a header that uses a standard, LibTorch or loom name without including what
+declares it fails here, wherever else that include happens to come from in a
+real program. (tests/check_headers_planted.sh proves it catches each kind.)
+
+Most of the time goes to parsing LibTorch's headers, header by header. So a
+header whose own includes (followed through loom's headers) already reach every
+LibTorch header of a prelude below compiles over that prelude, precompiled once:
+it sees the same declarations it sees alone, only parsed earlier. A header that
+does not reach all of a prelude's headers gets a smaller prelude or none, so a
+missing include is still an error (the planted `uses_optimizer.hpp` holds
+<ATen/core/Tensor.h> and uses torch::optim::Optimizer: it gets the Tensor
+prelude only, and fails). A prelude holds LibTorch's headers only, never a
+standard or loom one.
+Prints every header that fails, with the compiler's first lines.
+"""
+import concurrent.futures
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+# Largest first: each header gets the first whose every header it reaches.
+PRELUDES = [
+    ["ATen/core/Tensor.h", "ATen/core/ivalue.h", "torch/nn/module.h", "torch/optim/optimizer.h"],
+    ["ATen/core/Tensor.h", "torch/nn/module.h"],
+    ["ATen/core/Tensor.h", "ATen/core/ivalue.h"],
+    ["ATen/core/Tensor.h"],
+]
+INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
+
+
+def includes_reached(include_dir, header, memo):
+    """Every header name HEADER includes, followed through loom's own headers."""
+    if header in memo:
+        return memo[header]
+    memo[header] = set()
+    reached = set()
+    for name in INCLUDE.findall(open(os.path.join(include_dir, header), errors="replace").read()):
+        reached.add(name)
+        if os.path.isfile(os.path.join(include_dir, name)):
+            reached |= includes_reached(include_dir, name, memo)
+    memo[header] = reached
+    return reached
+
+
+def prelude_for(reached):
+    for index, prelude in enumerate(PRELUDES):
+        if all(name in reached for name in prelude):
+            return index
+    return None
+
+
+def run(command):
+    start = time.monotonic()
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return done.returncode, done.stdout, time.monotonic() - start
+
+
+def main():
+    if len(sys.argv) < 4 or sys.argv[2] != "--":
+        sys.exit(__doc__)
+    include_dir, compiler = sys.argv[1], sys.argv[3:]
+    headers = sorted(os.path.relpath(os.path.join(folder, name), include_dir)
+                     for folder, _, names in os.walk(os.path.join(include_dir, "loom"))
+                     for name in names if name.endswith(".hpp"))
+    if not headers:
+        sys.exit(f"check_headers: no header under {include_dir}/loom")
+    memo = {}
+    chosen = {header: prelude_for(includes_reached(include_dir, header, memo)) for header in headers}
+    with tempfile.TemporaryDirectory() as work, \
+            concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+        used = sorted({index for index in chosen.values() if index is not None})
+        paths = {}
+        for index in used:
+            paths[index] = os.path.join(work, f"prelude{index}.hpp")
+            with open(paths[index], "w") as f:
+                f.write("".join(f"#include <{name}>\n" for name in PRELUDES[index]))
+        built = dict(zip(used, pool.map(
+            lambda index: run(compiler + ["-x", "c++-header", paths[index], "-o", paths[index] + ".gch"]), used)))
+        for index, (status, output, _) in built.items():
+            if status != 0:
+                print(f"check_headers: the prelude {PRELUDES[index]} does not compile:\n{output[:2000]}")
+                return 1
+
+        def check(header):
+            prelude = [] if chosen[header] is None else ["-Winvalid-pch", "-include", paths[chosen[header]]]
+            source = os.path.join(work, header.replace("/", "_") + ".cpp")
+            with open(source, "w") as f:
+                f.write(f"#include <{header}>\n")
+            return run(compiler + prelude + ["-fsyntax-only", source])
+
+        failed = 0
+        seconds = {}
+        for header, (status, output, took) in zip(headers, pool.map(check, headers)):
+            seconds[header] = took
+            if status != 0:
+                failed += 1
+                print(f"FAIL: {header}")
+                print("\n".join(output.splitlines()[:8]))
+    tiers = ", ".join(f"{sum(1 for i in chosen.values() if i == index)} over {'+'.join(PRELUDES[index])}"
+                      for index in used)
+    bare = sum(1 for i in chosen.values() if i is None)
+    if failed:
+        print(f"check_headers: {failed} of the {len(headers)} headers do not compile on their own (above)")
+        return 1
+    slowest = sorted(seconds, key=seconds.get, reverse=True)[:5]
+    print("check_headers: slowest: " + ", ".join(
+        f"{h} {seconds[h]:.1f} s ({'no prelude' if chosen[h] is None else 'prelude ' + str(chosen[h])})"
+        for h in slowest))
+    print(f"check_headers: all {len(headers)} headers compile on their own "
+          f"({bare} with no prelude; {tiers or 'none over a prelude'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
