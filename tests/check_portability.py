@@ -21,6 +21,16 @@ Two tiers, because every TU pays for the prelude's pending template
 instantiations (about 4 s for torch.h, 5.5 s with c10d on this machine's
 g++ 12), and most TUs never touch c10d. TUs that reach no LibTorch header
 compile without a prelude.
+
+To pay that fixed cost less often, TUs of one folder and one tier compile
+GROUP_SIZE at a time as one TU that #includes them (a unity TU); a program's
+TU (one with main) compiles alone. A group that fails, or warns from loom's
+code, compiles again one TU at a time, and those results are the ones
+reported: a name two TUs both define (in anonymous namespaces, say) never
+fails the check, and every failure names its own TU. What a unity TU cannot
+tell is a TU that compiles only after another one's includes; the torch.h
+prelude already hides most of those, and the 1.13 build and
+header_self_containment compile each TU and header alone.
 """
 import concurrent.futures
 import os
@@ -32,6 +42,8 @@ import tarfile
 import time
 
 SKIP = 77
+GROUP_SIZE = 6
+PROGRAM = re.compile(r"^\s*int\s+main\s*\(", re.M)
 TREES = ("src", "tools", "examples", "tests", "bench")
 # Not loom TUs to port: compile_fail's cases must fail; consumers/ are
 # separate projects built by their own tests.
@@ -146,11 +158,25 @@ def failure_lines(output):
             if "error:" in line or ("required from here" in line and in_loom(line))]
 
 
-def compile_all(units, compile_one):
-    """Compiles UNITS on every core; prints each failure and warning."""
+def groups_of(source, units, tier):
+    """UNITS in groups of one folder and one tier, at most GROUP_SIZE each; programs and
+    torch-free TUs (cheap: no prelude) alone. The largest groups first, for the pool."""
+    by_key, alone = {}, []
+    for unit in units:
+        if tier[unit] is None or PROGRAM.search(open(os.path.join(source, unit), errors="replace").read()):
+            alone.append([unit])
+        else:
+            by_key.setdefault((tier[unit], os.path.dirname(unit)), []).append(unit)
+    grouped = [members[i:i + GROUP_SIZE] for members in by_key.values()
+               for i in range(0, len(members), GROUP_SIZE)]
+    return sorted(grouped, key=len, reverse=True) + alone
+
+
+def compile_all(groups, compile_group):
+    """Compiles GROUPS on every core; prints each failure and warning."""
     failed, warned, foreign = [], [], []
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        for unit, code, err in pool.map(compile_one, units):
+        for unit, code, err in (result for results in pool.map(compile_group, groups) for result in results):
             lines = loom_diagnostics(err)
             if code != 0:
                 failed.append(unit)
@@ -221,11 +247,26 @@ def main():
                                     ["-x", "c++-header", header, "-o", header + ".gch"],
                                     capture_output=True, text=True)
 
-    def compile_one(unit):
+    def compile_one(unit, path=None):
         extra = ["-include", preludes[tier[unit]]] if tier[unit] else []
-        run = subprocess.run(compiler + flags + extra + [os.path.join(source, unit)],
+        run = subprocess.run(compiler + flags + extra + [path or os.path.join(source, unit)],
                              capture_output=True, text=True)
         return unit, run.returncode, run.stderr
+
+    split = []  # the groups that compiled again one TU at a time
+
+    def compile_group(members):
+        """[(unit, status, stderr)]: the group as one TU when that is clean, else each TU alone."""
+        if len(members) > 1:
+            unity = os.path.join(work, "unity_" + "_".join(m.replace("/", "_") for m in members)[:200] + ".cpp")
+            with open(unity, "w") as f:
+                f.write("".join(f'#include "{os.path.join(source, m)}"\n' for m in members))
+            _, code, err = compile_one(members[0], unity)
+            os.remove(unity)
+            if code == 0 and not loom_diagnostics(err):
+                return [(" + ".join(members), code, err)]
+            split.append(members)
+        return [compile_one(unit) for unit in members]
 
     try:
         with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
@@ -235,7 +276,8 @@ def main():
                     print(made.stderr[-4000:])
                     print(f"check_portability: the 2.11 prelude '{name}' does not compile", file=sys.stderr)
                     return 1
-        failed, warned, foreign = compile_all(units, compile_one)
+        groups = groups_of(source, units, tier)
+        failed, warned, foreign = compile_all(groups, compile_group)
     finally:
         # The precompiled preludes are 0.7-0.9 GB each, and rebuilt every run.
         for header in preludes.values():
@@ -246,8 +288,9 @@ def main():
         print(p)
     counts = ", ".join(f"{sum(1 for t in tier.values() if t == name)} over the {name} prelude"
                        for name in sorted(preludes))
-    print(f"portability: {len(units)} TUs ({counts}) against LibTorch {torch_version(root)} with CUDA, NCCL "
-          f"and MPI: {len(failed)} failed, {len(warned)} with warnings from loom's code, {len(foreign)} reading "
+    print(f"portability: {len(units)} TUs ({counts}; compiled as {len(groups)} TUs, {len(split)} of them "
+          f"again one TU at a time) against LibTorch {torch_version(root)} with CUDA, NCCL and MPI: "
+          f"{len(failed)} failed, {len(warned)} with warnings from loom's code, {len(foreign)} reading "
           f"/usr/include/{{torch,ATen,c10,caffe2,gloo}}; {time.monotonic() - started:.0f} s on "
           f"{os.cpu_count()} cores")
     return 1 if failed or warned or problems else 0
