@@ -26,7 +26,7 @@ ln -s "$source" "$work/subprojects/loom"
 # at -O2 without unity, 190 s at -O0, 72 s at -O0 as a unity build.
 meson setup "$work/build" "$work" --wrap-mode=forcefallback -Dloom:libtorch_dir="$torch_dir" \
   -Dloom:tests=false -Dloom:examples=false -Dloom:benchmarks=false \
-  -Doptimization=0 -Db_ndebug=true --unity subprojects -Dunity_size=32 >"$work/setup.log" 2>&1 ||
+  -Doptimization=0 -Db_ndebug=true -Dloom:libloom_unity_size=32 >"$work/setup.log" 2>&1 ||
   { cat "$work/setup.log" >&2; exit 1; }
 grep -q "LibTorch *: *$torch_dir" "$work/setup.log" ||
   { echo "the subproject did not configure against $torch_dir:" >&2; cat "$work/setup.log" >&2; exit 1; }
