@@ -7,6 +7,8 @@ the layer table, which this script holds and docs/architecture.md shows.
   layer X belongs to X; it may include the internal headers (src/Y/*.hpp) of
   the layers X may include. A public header never includes src/, tests/ or
   bench/; src/ never includes tests/ or bench/.
+- src/pch/ holds libloom's precompiled prelude: standard and LibTorch headers,
+  no loom header (so it belongs to no layer).
 - tests/ and bench/ are applications over all of loom (white-box tests may
   include src/ internals); examples/ and tools/ use the public headers only.
   Every quoted include of any of them must resolve inside the repository.
@@ -171,8 +173,18 @@ def sources(root):
                     yield os.path.join(directory, name)
 
 
+def check_prelude(relative, path):
+    """src/pch/ holds libloom's precompiled prelude: standard and LibTorch headers only, no layer's."""
+    with open(path, encoding="utf-8") as text:
+        return [f"{relative}:{number}: a precompiled prelude includes no loom header ({line.strip()})"
+                for number, line in enumerate(text, 1)
+                if re.match(r'\s*#\s*include\s*(<loom/|")', line)], 0
+
+
 def check_file(root, path):
     relative = os.path.relpath(path, root)
+    if relative.startswith("src/pch/"):
+        return check_prelude(relative, path)
     area, source = where(relative)
     problems, count = [], 0
     if area in ("include", "src") and source not in ALLOWED and source != "vocabulary":
