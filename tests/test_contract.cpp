@@ -434,14 +434,17 @@ TEST_CASE("the collective recorder keeps the last entries, allocates nothing, an
   group.recorder = std::make_shared<loom::comm::collective_recorder>();
   group.recorder->record(loom::comm::collective_kind::reduce_scatter, &grads);
   group.recorder->record(loom::comm::collective_kind::all_gather, &index);
+  group.heartbeat = 41;
   const auto decoded = loom::comm::decode_record(loom::comm::encode_record(group, /*paused=*/true));
   REQUIRE(decoded.has_value());
   CHECK(decoded->entered == 2);
   CHECK(decoded->paused);
+  CHECK(decoded->heartbeat == 41);
   REQUIRE(decoded->entries.size() == 2);
   CHECK(decoded->entries[0].describe() == "reduce_scatter(Float[3, 5])");
   CHECK(decoded->entries[1].describe() == "all_gather(Long[7])");
   CHECK_FALSE(loom::comm::decode_record("something else").has_value());
+  CHECK_FALSE(loom::comm::decode_record("loom-watchdog-1 2 0\n").has_value());  // no heartbeat: another loom
 }
 
 // ------------------------------------------------------------------ dp

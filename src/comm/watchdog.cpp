@@ -171,15 +171,12 @@ class watchdog_thread {
   void look_at(group_watch& group) {
     const bool paused = pauses.load(std::memory_order_relaxed) > 0;
     const std::uint64_t entered = group.recorder->entered();
+    group.heartbeat.fetch_add(1, std::memory_order_relaxed);
     // The exchange's server may be stopped (a TCPStore lives in rank 0): that
     // is only news when this rank is stuck too, below.
     std::optional<std::string> unanswered;
     try {
-      if (entered != group.published || paused != group.published_paused) {
-        group.exchange->publish(encode_record(group, paused));
-        group.published = entered;
-        group.published_paused = paused;
-      }
+      group.exchange->publish(encode_record(group, paused));
       if (auto verdict = group.exchange->verdict()) {
         end(group, "loom watchdog (rank " + std::to_string(global_rank(group, group.rank)) + "): " + *verdict,
             /*decided=*/false);
@@ -187,62 +184,123 @@ class watchdog_thread {
     } catch (const exchange_unanswered& error) {
       unanswered = error.what();
     }
-    if (paused || entered == 0) return;
-    const auto last = group.recorder->at(entered - 1);
-    if (!last) return;
-    const std::int64_t waited = steady_now_ns() - last->entered_ns;
-    if (waited <= std::chrono::duration_cast<std::chrono::nanoseconds>(group.timeout).count()) return;
+    const auto last = (paused || entered == 0) ? std::nullopt : group.recorder->at(entered - 1);
+    const std::int64_t timeout_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(group.timeout).count();
+    const std::int64_t now = steady_now_ns();
+    const std::int64_t waited = last ? now - last->entered_ns : 0;
+    if (waited <= timeout_ns / 2) {
+      group.heard.clear();
+      return;
+    }
+    // From half the timeout on, the peers' records are read every look, so
+    // that at the timeout a peer whose heartbeat stopped can be told apart.
+    std::vector<std::optional<peer_record>> records(static_cast<std::size_t>(group.size));
+    for (int peer = 0; peer < group.size && !unanswered; ++peer) {
+      if (peer == group.rank) continue;
+      try {
+        records[static_cast<std::size_t>(peer)] = record_of(group, peer);
+      } catch (const exchange_unanswered& error) {
+        unanswered = error.what();
+      }
+    }
+    note_heartbeats(group, records, now);
+    if (waited <= timeout_ns) return;
 
     std::ostringstream waiting;
     waiting << "rank " << global_rank(group, group.rank) << " has waited " << seconds_text(waited)
-            << " (collective_timeout "
-            << seconds_text(std::chrono::duration_cast<std::chrono::nanoseconds>(group.timeout).count())
-            << ") in collective #" << last->sequence << " " << last->describe() << " of " << group_text(group);
+            << " (collective_timeout " << seconds_text(timeout_ns) << ") in collective #" << last->sequence << " "
+            << last->describe() << " of " << group_text(group);
     // Nobody can read or write records: every live rank ends on its own.
-    auto end_unanswered = [&](const std::string& why) {
+    if (unanswered) {
       end(group,
-          "loom watchdog: " + waiting.str() + ", and " + why +
+          "loom watchdog: " + waiting.str() + ", and " + *unanswered +
               ": it is stopped or gone, and the ranks cannot compare what they entered. Ending this rank (exit code " +
               std::to_string(watchdog_exit_code) + "); every live rank does the same.",
           /*decided=*/false);
-    };
-    if (unanswered) end_unanswered(*unanswered);
+    }
 
     const auto mine = group.recorder->recent(record_window);
-    std::vector<std::string> behind;
+    std::vector<std::string> behind;   // have not entered it
+    std::vector<std::string> stopped;  // entered it, and their processes stopped reporting
     for (int peer = 0; peer < group.size; ++peer) {
       if (peer == group.rank) continue;
-      std::optional<peer_record> record;
-      try {
-        record = record_of(group, peer);
-      } catch (const exchange_unanswered& error) {
-        end_unanswered(error.what());
-      }
+      const auto& record = records[static_cast<std::size_t>(peer)];
       if (record) {
         if (auto desync = desync_with(group, peer, mine, *record)) decide(group, *desync);
-        if (record->entered >= entered || record->paused) continue;
+        if (record->paused) continue;
+        if (record->entered >= entered) {
+          if (auto silence = silent_for(group, peer, now)) stopped.push_back(stopped_text(group, peer, *record, *silence));
+          continue;  // alive and in it: a long collective, not a stuck one
+        }
       }
-      std::string who = "rank " + std::to_string(global_rank(group, peer));
-      // Records are published once per period: what a stopped rank reported
-      // last may be up to a period old.
-      if (!record) {
-        who += " (it has reported nothing: it stopped before its watchdog first ran)";
-      } else if (record->entries.empty()) {
-        who += " (when it last reported, it had entered no collective of this group)";
-      } else {
-        who += " (when it last reported, it had last entered #" + std::to_string(record->entries.back().sequence) +
-               " " + record->entries.back().describe() + ")";
-      }
-      behind.push_back(who);
+      behind.push_back(behind_text(group, peer, record));
     }
-    if (behind.empty()) return;  // everyone is in it: a long collective, not a stuck one
+    if (behind.empty() && stopped.empty()) return;
     std::ostringstream message;
-    message << waiting.str() << ", which ";
-    for (std::size_t i = 0; i < behind.size(); ++i) message << (i ? ", " : "") << behind[i];
-    message << (behind.size() == 1 ? " has" : " have")
-            << " not entered: stuck, or slower than collective_timeout. Ending every rank (exit code "
-            << watchdog_exit_code << ").";
+    message << waiting.str();
+    if (!behind.empty()) {
+      message << ", which " << joined(behind) << (behind.size() == 1 ? " has" : " have")
+              << " not entered: stuck, or slower than collective_timeout";
+    }
+    if (!stopped.empty()) {
+      message << (behind.empty() ? "; " : "; and ") << joined(stopped) << (stopped.size() == 1 ? " is" : " are")
+              << " stopped or hung inside it";
+    }
+    message << ". Ending every rank (exit code " << watchdog_exit_code << ").";
     decide(group, message.str());
+  }
+
+  // Remembers when each peer's heartbeat last moved, as this rank saw it.
+  static void note_heartbeats(group_watch& group, const std::vector<std::optional<peer_record>>& records,
+                              std::int64_t now) {
+    group.heard.resize(records.size());
+    for (std::size_t peer = 0; peer < records.size(); ++peer) {
+      auto& heard = group.heard[peer];
+      if (!records[peer]) continue;
+      if (!heard.seen || records[peer]->heartbeat != heard.heartbeat) {
+        heard = {.seen = true, .heartbeat = records[peer]->heartbeat, .since_ns = now};
+      }
+    }
+  }
+
+  // How long a peer's heartbeat has stood still, once that is longer than a
+  // live process's watchdog could miss: four periods, and at least a quarter
+  // of the timeout (a busy machine delays a thread, never by that much).
+  static std::optional<std::int64_t> silent_for(const group_watch& group, int peer, std::int64_t now) {
+    const auto& heard = group.heard[static_cast<std::size_t>(peer)];
+    if (!heard.seen) return std::nullopt;
+    const auto limit = std::max(4 * period_of(group.timeout), group.timeout / 4);
+    const std::int64_t silence = now - heard.since_ns;
+    if (silence < std::chrono::duration_cast<std::chrono::nanoseconds>(limit).count()) return std::nullopt;
+    return silence;
+  }
+
+  static std::string stopped_text(const group_watch& group, int peer, const peer_record& record,
+                                  std::int64_t silence) {
+    std::string who = "rank " + std::to_string(global_rank(group, peer)) + " (";
+    if (!record.entries.empty()) {
+      who += "it entered #" + std::to_string(record.entries.back().sequence) + " " + record.entries.back().describe() +
+             ", but ";
+    }
+    return who + "its watchdog has not reported in the last " + seconds_text(silence) + ", where it reports every " +
+           seconds_text(std::chrono::duration_cast<std::chrono::nanoseconds>(period_of(group.timeout)).count()) +
+           ")";
+  }
+
+  static std::string behind_text(const group_watch& group, int peer, const std::optional<peer_record>& record) {
+    std::string who = "rank " + std::to_string(global_rank(group, peer));
+    // Records are published once per period: what a stopped rank reported
+    // last may be up to a period old.
+    if (!record) return who + " (it has reported nothing: it stopped before its watchdog first ran)";
+    if (record->entries.empty()) return who + " (when it last reported, it had entered no collective of this group)";
+    return who + " (when it last reported, it had last entered #" + std::to_string(record->entries.back().sequence) +
+           " " + record->entries.back().describe() + ")";
+  }
+
+  static std::string joined(const std::vector<std::string>& parts) {
+    std::string text;
+    for (std::size_t i = 0; i < parts.size(); ++i) text += (i ? ", " : "") + parts[i];
+    return text;
   }
 
   [[noreturn]] void decide(group_watch& group, const std::string& verdict) {
@@ -327,7 +385,8 @@ void watch(const std::shared_ptr<group_watch>& group) {
 
 std::string encode_record(const group_watch& group, bool paused) {
   std::ostringstream out;
-  out << "loom-watchdog-1 " << group.recorder->entered() << ' ' << (paused ? 1 : 0) << '\n';
+  out << "loom-watchdog-2 " << group.recorder->entered() << ' ' << (paused ? 1 : 0) << ' '
+      << group.heartbeat.load(std::memory_order_relaxed) << '\n';
   for (const auto& entry : group.recorder->recent(record_window)) {
     out << entry.sequence << ' ' << static_cast<int>(entry.kind) << ' ' << static_cast<int>(entry.dtype) << ' '
         << static_cast<int>(entry.rank);
@@ -342,7 +401,7 @@ std::optional<peer_record> decode_record(const std::string& text) {
   std::string magic;
   peer_record record;
   int paused = 0;
-  if (!(in >> magic >> record.entered >> paused) || magic != "loom-watchdog-1") return std::nullopt;
+  if (!(in >> magic >> record.entered >> paused >> record.heartbeat) || magic != "loom-watchdog-2") return std::nullopt;
   record.paused = paused != 0;
   collective_entry entry;
   int kind = 0, dtype = 0, rank = 0;

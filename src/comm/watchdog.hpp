@@ -4,8 +4,10 @@
 // that have not entered it (stuck, or too slow), or the two ops when ranks
 // entered different collectives at the same sequence number (desync).
 //
-// Each rank publishes its record (entered count, last few entries) when it
-// changed, at most once per period; nothing is exchanged on the hot path.
+// Each rank publishes its record (entered count, last few entries, and a
+// heartbeat that counts the watchdog's looks) once per period; nothing is
+// exchanged on the hot path. The heartbeat tells a peer stopped inside the
+// collective (kill -STOP, a hung process) from a collective that is long.
 // Where the records meet is an exchange: the group's store, or, for the MPI
 // group (which has none), a duplicated communicator. Not installed.
 #pragma once
@@ -13,6 +15,7 @@
 #include "collective_recorder.hpp"
 
 #include <chrono>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -57,9 +60,17 @@ struct group_watch {
   int rank = 0;
   int size = 1;
   std::vector<int> global_ranks;
-  // The watchdog thread's own bookkeeping.
-  std::uint64_t published = ~std::uint64_t{0};
-  bool published_paused = false;
+  // This rank's heartbeat: the watchdog's looks so far (read by the error
+  // path's explain_desync too).
+  std::atomic<std::uint64_t> heartbeat{0};
+  // The watchdog thread's own bookkeeping: when each peer's heartbeat last
+  // moved, as this rank saw it, from half the timeout into a wait on.
+  struct heard_from {
+    bool seen = false;
+    std::uint64_t heartbeat = 0;
+    std::int64_t since_ns = 0;
+  };
+  std::vector<heard_from> heard;
 };
 
 // collective_timeout from the options, unless LOOM_COLLECTIVE_TIMEOUT
@@ -79,6 +90,7 @@ std::string encode_record(const group_watch& group, bool paused);
 struct peer_record {
   std::uint64_t entered = 0;
   bool paused = false;
+  std::uint64_t heartbeat = 0;
   std::vector<collective_entry> entries;  // the last few, oldest first
 };
 std::optional<peer_record> decode_record(const std::string& text);

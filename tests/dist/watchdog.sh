@@ -5,6 +5,8 @@
 #   collective_timeout (3 s) + 5 s with that rank named, under loom-run
 #   (LOOM_WATCHDOG_TRIALS trials, 3 ranks, the stopped one SIGKILLed),
 #   torchrun and mpirun (the MPI group: records over MPI, MPI_Abort);
+# - a rank stopped inside a collective every rank has entered (the records
+#   agree) is told from a long collective by its heartbeat, which stops;
 # - a rank that broadcasts where the other all-reduces is reported as a
 #   desync naming both ops, by the watchdog or, when the group's timeout
 #   fails the collective first, by the peer_error; an all-reduce of another
@@ -33,10 +35,13 @@ expect_contains "$WORK/count" "watchdog count: world_size=2 all checks passed" \
   "DDP's Reducer all-reduces (and the pairwise exchange) are recorded one entry each, and the user's collectives"
 sed -n 's/^watchdog count: pairwise/  pairwise/p' "$WORK/count"
 
-# wait_started FILE N: until N ranks printed "training" (10 s at most).
+# wait_started FILE N [WORD]: until N ranks printed WORD (training) at the
+# end of a line (10 s at most).
 wait_started() {
+  set -- "$1" "$2" "${3:-training}"
   for _ in $(seq 1 200); do
-    if [ "$(grep -c ' training$' "$1")" -ge "$2" ]; then return 0; fi
+    started=$(grep -c " $3\$" "$1" 2>/dev/null) || true
+    if [ "${started:-0}" -ge "$2" ]; then return 0; fi
     sleep 0.05
   done
   return 1
@@ -131,6 +136,28 @@ done
 sed -n 's/^\(loom watchdog: .*\)/  message: \1/p' "$WORK/stuck_1" | head -n 1
 sed -n 's/^\(loom-run: .*\)/  \1/p' "$WORK/stuck_1"
 expect_no_leftovers "after the stopped-rank trials"
+
+# Stopped inside a collective that every rank has entered: rank 1 stops
+# itself 1 s into an all_reduce that rank 0 joins 2 s late. The records
+# agree (everyone is in it, as in a long collective); rank 1's heartbeat,
+# which stops with its process, is what names it.
+out="$WORK/stopped_inside"
+"$LOOM_RUN" --devices 3 "$WATCHDOG" stopped_inside "$MARK" > "$out" 2>&1 &
+launcher=$!
+if wait_started "$out" 3 ready; then
+  start=$(date +%s%N)
+  wait_bounded "$launcher" $((BOUND_MS + 1000))
+  victim=$(sed -n 's/^rank 1 pid \([0-9]*\) ready$/\1/p' "$out")
+  stopped_rank_check "rank 1 stopped inside an all_reduce every rank entered (1 s after ready)" "$out" "$victim" 2 \
+    $((BOUND_MS + 1000))
+  grep -q "is stopped or hung inside it" "$out" || fail "stopped inside: the message does not say so"
+  sed -n 's/^\(loom watchdog: .*\)/  message: \1/p' "$out" | head -n 1
+else
+  fail "stopped_inside: the ranks did not start"; sed 's/^/    /' "$out" | head -n 20
+fi
+pkill -9 -f "$WATCHDOG stopped_inside $MARK" 2>/dev/null || true
+wait "$launcher" 2>/dev/null || true
+expect_no_leftovers "after the rank stopped inside a collective"
 
 # A stopped rank 0 stops the TCP rendezvous store it serves (processes
 # started by hand, MASTER_ADDR/MASTER_PORT): the records cannot meet, and

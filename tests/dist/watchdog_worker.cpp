@@ -4,6 +4,9 @@
 //   train   DDP training for LOOM_TEST_SECONDS (default: until killed), with
 //           collective_timeout LOOM_TEST_COLLECTIVE_S seconds; rank
 //           LOOM_TEST_SLOW_RANK sleeps LOOM_TEST_SLOW_MS before every step;
+//   stopped_inside  rank 1 stops itself (SIGSTOP) 1 s into an all_reduce
+//           that rank 0 joins 2 s late: every rank has entered it and the
+//           records agree; only rank 1's heartbeat says it is stopped;
 //   desync  rank 0 broadcasts where the others all-reduce (LOOM_TEST_DESYNC=shape:
 //           all ranks all-reduce, rank 0 a tensor of another size).
 // LOOM_TEST_BACKEND=mpi runs them on loom's MPI group.
@@ -12,6 +15,8 @@
 #include <loom/environment.hpp>
 
 #include <unistd.h>
+
+#include <csignal>
 
 #include <chrono>
 #include <cstdio>
@@ -151,6 +156,25 @@ int run_desync() {
   return 0;
 }
 
+int run_stopped_inside() {
+  loom::Fabric<loom::cpu, loom::ddp, loom::fp32> fabric({}, loom::ddp(ddp_from_env(false)));
+  fabric.launch();
+  fabric.barrier();
+  std::printf("rank %d pid %d ready\n", fabric.global_rank(), static_cast<int>(::getpid()));
+  std::fflush(stdout);
+  if (fabric.global_rank() == 1) {
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      std::raise(SIGSTOP);  // the whole process, in the middle of the all_reduce below
+    }).detach();
+  }
+  if (fabric.global_rank() == 0) std::this_thread::sleep_for(std::chrono::seconds(2));
+  at::Tensor value = at::ones({4});
+  fabric.all_reduce_(value);
+  std::printf("rank %d: the all_reduce returned\n", fabric.global_rank());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -158,6 +182,7 @@ int main(int argc, char** argv) {
   try {
     if (scenario == "count") return run_count();
     if (scenario == "train") return run_train();
+    if (scenario == "stopped_inside") return run_stopped_inside();
     if (scenario == "desync") return run_desync();
   } catch (const std::exception& error) {
     std::fprintf(stderr, "watchdog_worker %s: %s\n", scenario.c_str(), error.what());
