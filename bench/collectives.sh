@@ -5,6 +5,9 @@
 #   reduce_scatter_vs_allreduce=R all_gather_vs_allreduce=G
 set -eu
 build=${1:-build}
+# shellcheck source=bench/common.sh
+. "$(dirname "$0")/common.sh"
+build_bench "$build" collectives_bench
 rounds=${2:-3}
 calls=${3:-20}
 export OMP_NUM_THREADS=1

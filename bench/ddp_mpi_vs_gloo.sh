@@ -7,6 +7,9 @@
 # (LOOM_MPI_SYNCHRONOUS=1). The last line is ddp_mpi_ms=X ddp_gloo_ms=Y ratio=R.
 set -eu
 build=$(realpath "${1:-build}")
+# shellcheck source=bench/common.sh
+. "$(dirname "$0")/common.sh"
+build_bench "$build" ddp_step_bench
 steps=${2:-200}
 rounds=${ROUNDS:-4}
 work=$(mktemp -d)

@@ -11,6 +11,9 @@
 # where the time goes; the last line is loom_ms=X torch_ms=Y ratio=R.
 set -eu
 build=$(realpath "${1:-build}")
+# shellcheck source=bench/common.sh
+. "$(dirname "$0")/common.sh"
+build_bench "$build" ddp_step_bench
 rounds=${2:-3}
 steps=${3:-200}
 here=$(cd "$(dirname "$0")" && pwd)

@@ -12,6 +12,9 @@
 # fsdp_ms=X ddp_ms=Y ratio=R for FULL_SHARD with prefetch on.
 set -eu
 build=$(realpath "${1:-build}")
+# shellcheck source=bench/common.sh
+. "$(dirname "$0")/common.sh"
+build_bench "$build" fsdp_step_bench
 steps=${2:-200}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

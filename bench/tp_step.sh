@@ -8,6 +8,9 @@
 # Last line: tp2_ms=X single_ms=Y ratio=R (single with one thread).
 set -eu
 build=$(realpath "${1:-build}")
+# shellcheck source=bench/common.sh
+. "$(dirname "$0")/common.sh"
+build_bench "$build" tp_step_bench
 steps=${2:-3}
 run() {  # run DEVICES THREADS
   OMP_NUM_THREADS=$2 "$build/tools/loom-run" --accelerator cpu --devices "$1" "$build/bench/tp_step_bench" "$steps"

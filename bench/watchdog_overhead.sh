@@ -12,6 +12,9 @@
 # line: off_ms=X on_ms=Y on3s_ms=Z on_vs_off=R on3s_vs_off=S spread_off=P.
 set -eu
 build=$(realpath "${1:-build}")
+# shellcheck source=bench/common.sh
+. "$(dirname "$0")/common.sh"
+build_bench "$build" ddp_step_bench
 rounds=${2:-5}
 steps=${3:-300}
 work=$(mktemp -d)

@@ -13,6 +13,9 @@
 # serves both at once) over dd's (goal >= 0.70); rank 0 alone is printed too.
 set -eu
 build=$(realpath "${1:-build}")
+# shellcheck source=bench/common.sh
+. "$(dirname "$0")/common.sh"
+build_bench "$build" zero_offload_bench
 rounds=${3:-5}
 work=$(mktemp -d)
 nvme=${2:-$work/nvme}

@@ -12,6 +12,9 @@
 # zero1_ms=X torch_zero1_ms=Y ratio=R.
 set -eu
 build=$(realpath "${1:-build}")
+# shellcheck source=bench/common.sh
+. "$(dirname "$0")/common.sh"
+build_bench "$build" fsdp_step_bench
 steps=${2:-200}
 rounds=${ROUNDS:-4}
 here=$(dirname "$(realpath "$0")")
