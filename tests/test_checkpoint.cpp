@@ -4,6 +4,9 @@
 #include "test_models.hpp"
 
 #include "catch.hpp"
+#include "../src/util/outside_files.hpp"
+
+#include <sys/stat.h>
 #include <loom/environment.hpp>
 #include <loom/loom.hpp>
 #include <torch/optim/adam.h>
@@ -397,6 +400,15 @@ TEST_CASE("each bad checkpoint file is a clear error and leaves every entry as i
     CHECK_THROWS_WITH(victim.fabric.load(dir.file("flip.ckpt"), victim.state()),
                       Catch::Contains("flip.ckpt") && Catch::Contains("corrupted (CRC32 mismatch)"));
   }
+  SECTION("a FIFO (no writer: reading it would wait forever)") {
+    REQUIRE(::mkfifo(dir.file("pipe.ckpt").c_str(), 0600) == 0);
+    CHECK_THROWS_WITH(victim.fabric.load(dir.file("pipe.ckpt"), victim.state()),
+                      Catch::Contains("pipe.ckpt") && Catch::Contains("is a FIFO, not a regular file"));
+  }
+  SECTION("a device (/dev/zero never ends)") {
+    CHECK_THROWS_WITH(victim.fabric.load("/dev/zero", victim.state()),
+                      Catch::Contains("/dev/zero") && Catch::Contains("is a character device, not a regular file"));
+  }
   SECTION("not a checkpoint") {
     write_bytes(dir.file("text.ckpt"), std::string(100, 'x'));
     CHECK_THROWS_WITH(victim.fabric.load(dir.file("text.ckpt"), victim.state()),
@@ -461,6 +473,49 @@ TEST_CASE("each bad checkpoint file is a clear error and leaves every entry as i
     CHECK_THROWS_WITH(victim.fabric.load(good, wrong), Catch::Contains("'step' (value): expected a string"));
   }
   unchanged();
+}
+
+namespace {
+[[noreturn]] void refuse_for_test(const std::string& path, const std::string& why) {
+  throw std::runtime_error(path + ": " + why);
+}
+}  // namespace
+
+// What an index inside a checkpoint directory names is read only as a
+// regular file of that directory: names are single components, links are
+// not followed (not even to a file inside), FIFOs and devices are refused.
+TEST_CASE("a checkpoint directory's files are read only as regular files inside it", "[checkpoint]") {
+  loom_test::scratch_dir dir("ckpt-confined");
+  namespace fs = std::filesystem;
+  const fs::path root = dir.file("checkpoint");
+  fs::create_directories(root / "tag");
+  write_bytes((root / "rank_0.pt").string(), "twelve bytes");
+  write_bytes(dir.file("outside.pt"), "twelve bytes");  // the same bytes, so the same size and CRC32
+  fs::create_symlink("../outside.pt", root / "link.pt");
+  fs::create_symlink(root / "rank_0.pt", root / "inner_link.pt");
+  fs::create_directory_symlink("..", root / "up");
+  REQUIRE(::mkfifo((root / "pipe.pt").c_str(), 0600) == 0);
+
+  const loom::detail::confined_directory checkpoint(root.string(), &refuse_for_test);
+  const auto bytes = checkpoint.read("rank_0.pt");
+  REQUIRE(bytes.has_value());
+  CHECK(std::string(bytes->begin(), bytes->end()) == "twelve bytes");
+  CHECK_FALSE(checkpoint.read("absent.pt").has_value());
+  CHECK(checkpoint.has("rank_0.pt"));
+  CHECK_FALSE(checkpoint.has("absent.pt"));
+  for (const std::string name : {"../outside.pt", "/etc/passwd", "tag/../rank_0.pt", "..", ".", ""}) {
+    CHECK_THROWS_WITH(checkpoint.read(name), Catch::Contains("which is not the name of an entry in it"));
+  }
+  CHECK_THROWS_WITH(checkpoint.read("link.pt"), Catch::Contains("link.pt: is a symbolic link"));
+  CHECK_THROWS_WITH(checkpoint.read("inner_link.pt"), Catch::Contains("is a symbolic link"));
+  CHECK_THROWS_WITH(checkpoint.read("pipe.pt"), Catch::Contains("pipe.pt: is a FIFO, not a regular file"));
+  CHECK_THROWS_WITH(checkpoint.read("tag"), Catch::Contains("is a directory, not a regular file"));
+  CHECK_THROWS_WITH(checkpoint.read("rank_0.pt", 4), Catch::Contains("has 12 bytes, more than the 4"));
+  CHECK(checkpoint.subdirectory("tag").path() == (root / "tag").string());
+  CHECK_THROWS_WITH(checkpoint.subdirectory("up"), Catch::Contains("up: is a symbolic link, not a directory"));
+  CHECK_THROWS_WITH(checkpoint.subdirectory("rank_0.pt"), Catch::Contains("is not a directory inside"));
+  CHECK_THROWS_WITH(loom::detail::confined_directory((root / "rank_0.pt").string(), &refuse_for_test),
+                    Catch::Contains("is not a directory"));
 }
 
 TEST_CASE("a failed save leaves the previous checkpoint and no temporary file", "[checkpoint]") {

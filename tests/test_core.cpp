@@ -3,6 +3,8 @@
 #include "test_models.hpp"
 
 #include "catch.hpp"
+
+#include <sys/stat.h>
 #include <loom/loom.hpp>
 
 #include <fstream>
@@ -137,6 +139,20 @@ TEST_CASE("read_idx names the file and what is wrong with it", "[data]") {
   fails_with(idx_header(0x08, {2}) + "abcd", "more bytes than its header declares");
   CHECK_THROWS_WITH(loom::data::read_idx(dir.file("absent.gz")),
                     Catch::Contains("absent.gz") && Catch::Contains("No such file"));
+  // Only regular files: a FIFO would block the reader, /dev/zero never ends.
+  REQUIRE(::mkfifo(dir.file("pipe.gz").c_str(), 0600) == 0);
+  CHECK_THROWS_WITH(loom::data::read_idx(dir.file("pipe.gz")),
+                    Catch::Contains("pipe.gz") && Catch::Contains("is a FIFO, not a regular file"));
+  CHECK_THROWS_WITH(loom::data::read_idx("/dev/zero"), Catch::Contains("is a character device"));
+  // A header that declares more than the file can hold allocates nothing:
+  // 2^34 bytes (16 GiB) in a gzip file of a few dozen bytes...
+  fails_with(idx_header(0x08, {1U << 28, 64}), "its header declares 17179869184 bytes of data, more than a file of");
+  CHECK_THROWS_WITH(loom::data::read_idx(dir.file("bad.gz")), Catch::Contains("bytes can hold even compressed"));
+  // ... and 1000 bytes in a plain file of 18.
+  std::ofstream(dir.file("plain_short"), std::ios::binary) << idx_header(0x08, {1000}) + "0123456789";
+  CHECK_THROWS_WITH(loom::data::read_idx(dir.file("plain_short")),
+                    Catch::Contains("declares 1000 bytes of data, more than a file of 18 bytes can hold") &&
+                        !Catch::Contains("compressed"));
   // A gzip stream cut in the middle.
   write_gz(dir.file("whole.gz"), idx_header(0x08, {4096}) + std::string(4096, 'x'));
   std::ifstream in(dir.file("whole.gz"), std::ios::binary);

@@ -417,6 +417,9 @@ TEST_CASE("deepspeed: bad configs name the key, the value and what is accepted",
   CHECK_THAT(zero_refusal(R"({"zero_optimization": {"stage": 2})"), Catch::Contains("is not valid JSON"));
   CHECK_THROWS_WITH(loom::resolve_zero_config({.config = "/no/such/ds_config.json"}, "32-true", 2),
                     Catch::Contains("the path does not exist: /no/such/ds_config.json"));
+  // Only a regular file is read as a config: /dev/zero would be read until memory ran out.
+  CHECK_THROWS_WITH(loom::resolve_zero_config({.config = "/dev/zero"}, "32-true", 2),
+                    Catch::Contains("deepspeed config /dev/zero: it is a character device, not a regular file"));
 }
 
 // optimizer.zero_grad(set_to_none) went to LibTorch directly, past the

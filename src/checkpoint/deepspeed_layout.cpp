@@ -56,10 +56,12 @@ state_filter filter_for(const state& part, const deepspeed_layout& layout) {
   return out;
 }
 
-std::string read_tag(const std::string& path) {
-  std::ifstream in(fs::path(path) / latest_file);
-  std::string text;
-  std::getline(in, text);
+// The tag 'latest' names: one line, a name in the directory.
+std::string read_tag(const detail::confined_directory& root) {
+  const std::string path = root.path();
+  const auto bytes = root.read(latest_file, 4096);
+  if (!bytes) fail_checkpoint(path, "has no 'latest' file (it must name the tag directory)");
+  std::string text(bytes->begin(), std::find(bytes->begin(), bytes->end(), '\n'));
   while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' ')) text.pop_back();
   if (text.empty()) fail_checkpoint(path, "has an empty 'latest' file (it must name the tag directory)");
   if (text.find('/') != std::string::npos || text == "." || text == "..") {
@@ -138,26 +140,27 @@ void save_deepspeed_checkpoint(const std::string& path, const state& state, cons
 }
 
 checkpoint_contents read_deepspeed_checkpoint(const std::string& path) {
-  std::error_code ec;
   if (!is_deepspeed_checkpoint(path)) {
     fail_checkpoint(path, "is not a DeepSpeed-layout checkpoint (a directory holding 'latest' and the tag directory "
                           "it names)");
   }
-  const fs::path directory = fs::path(path) / read_tag(path);
-  if (!fs::is_directory(directory, ec)) {
-    fail_checkpoint(path, "'latest' names " + directory.filename().string() + ", which is not a directory in it");
-  }
-  const bool sharded_module = fs::exists(directory / model_file(0), ec);
-  const fs::path index_path = directory / (sharded_module ? model_file(0) : whole_model_file);
-  if (!fs::exists(index_path, ec)) {
+  const detail::confined_directory root(path, &fail_checkpoint);
+  const detail::confined_directory tag = root.subdirectory(read_tag(root));
+  const fs::path directory = tag.path();
+  const bool sharded_module = tag.has(model_file(0));
+  const std::string index_name = sharded_module ? model_file(0) : std::string(whole_model_file);
+  const fs::path index_path = directory / index_name;
+  auto index_bytes = tag.read(index_name);
+  if (!index_bytes) {
     fail_checkpoint(directory.string(), "has neither " + std::string(whole_model_file) + " nor " + model_file(0) +
                                             " (a save that did not finish, or not loom's); nothing was changed");
   }
-  checkpoint_contents index = detail::parse_checkpoint(detail::read_file(index_path.string()), index_path.string());
+  checkpoint_contents index = detail::parse_checkpoint(*index_bytes, index_path.string());
+  index_bytes.reset();
   const int world = static_cast<int>(index.metadata.world_size);
   std::vector<checkpoint_contents> optim(static_cast<std::size_t>(world));
   std::vector<checkpoint_contents> model{index};
-  for (auto& [name, contents] : detail::read_listed(directory, index, index_path)) {
+  for (auto& [name, contents] : detail::read_listed(tag, index, index_path)) {
     const auto r = static_cast<std::size_t>(contents.metadata.global_rank);
     if (name.find("_optim_states.pt") != std::string::npos) {
       if (r >= optim.size()) fail_checkpoint((directory / name).string(), "names rank " + std::to_string(r) + " of " + std::to_string(world));

@@ -6,6 +6,7 @@
 #include "checkpoint_bytes.hpp"
 #include "file_bytes.hpp"
 #include "torch_archive.hpp"
+#include "../util/outside_files.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -37,11 +38,9 @@ constexpr char magic[8] = {'L', 'O', 'O', 'M', 'C', 'K', 'P', 'T'};
 
 namespace detail {
 std::vector<char> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail_checkpoint(path, std::string("cannot open it (") + std::strerror(errno) + ")");
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) fail_checkpoint(path, "read error");
-  return bytes;
+  auto bytes = read_regular_file(path, no_size_limit, &fail_checkpoint);
+  if (!bytes) fail_checkpoint(path, std::string("cannot open it (") + std::strerror(ENOENT) + ")");
+  return std::move(*bytes);
 }
 
 c10::IValue metadata_value(const checkpoint_metadata& metadata) {

@@ -73,7 +73,7 @@ c10::IValue listed_value(const std::vector<listed_file>& files) {
   return list;
 }
 
-std::vector<std::pair<std::string, checkpoint_contents>> read_listed(const fs::path& directory,
+std::vector<std::pair<std::string, checkpoint_contents>> read_listed(const confined_directory& directory,
                                                                      const checkpoint_contents& index,
                                                                      const fs::path& index_path) {
   const std::string index_name = index_path.filename().string();
@@ -81,19 +81,19 @@ std::vector<std::pair<std::string, checkpoint_contents>> read_listed(const fs::p
   if (listed == index.entries.end() || !listed->value().isList()) {
     fail_checkpoint(index_path.string(), "does not list the other files (not a loom multi-file checkpoint's index)");
   }
-  std::error_code ec;
   // Every file is checked (present, size, CRC32) before any is parsed.
   std::vector<std::pair<std::string, std::vector<char>>> files;
   for (const auto& item : listed->value().toListRef()) {
     const auto file = item.toGenericDict();
     const std::string name = file.at("name").toStringRef();
-    const std::string file_path = (directory / name).string();
-    if (!fs::exists(file_path, ec)) {
-      fail_checkpoint(directory.string(), "is missing " + name + ", which " + index_name + " lists (a job of " +
-                                              std::to_string(index.metadata.world_size) +
-                                              " ranks wrote it); nothing was changed");
+    const std::string file_path = directory.path_of(name);
+    auto read = directory.read(name);
+    if (!read) {
+      fail_checkpoint(directory.path(), "is missing " + name + ", which " + index_name + " lists (a job of " +
+                                            std::to_string(index.metadata.world_size) +
+                                            " ranks wrote it); nothing was changed");
     }
-    std::vector<char> bytes = read_file(file_path);
+    std::vector<char> bytes = std::move(*read);
     if (static_cast<std::int64_t>(bytes.size()) != file.at("bytes").toInt()) {
       fail_checkpoint(file_path, "has " + std::to_string(bytes.size()) + " bytes, " + index_name + " says " +
                                      std::to_string(file.at("bytes").toInt()) + " (torn or replaced); nothing was changed");

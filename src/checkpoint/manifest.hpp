@@ -12,6 +12,8 @@
 #include <loom/checkpoint/io.hpp>
 #include <loom/comm/process_group.hpp>
 
+#include "../util/outside_files.hpp"
+
 #include <ATen/core/ivalue.h>
 
 #include <cstdint>
@@ -53,9 +55,10 @@ std::vector<listed_file> gather_listed(comm::process_group& group, const std::ve
 c10::IValue listed_value(const std::vector<listed_file>& files);
 
 // The files index (read from index_path) lists in directory: each checked
-// before any is parsed, then parsed; each must have been written by a job of
-// the index's world size. Pairs of (file name, contents), in listed order.
-std::vector<std::pair<std::string, checkpoint_contents>> read_listed(const std::filesystem::path& directory,
+// (a regular file of the directory itself, its size, its CRC32) before any
+// is parsed, then parsed; each must have been written by a job of the
+// index's world size. Pairs of (file name, contents), in listed order.
+std::vector<std::pair<std::string, checkpoint_contents>> read_listed(const confined_directory& directory,
                                                                      const checkpoint_contents& index,
                                                                      const std::filesystem::path& index_path);
 

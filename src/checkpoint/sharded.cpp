@@ -257,15 +257,15 @@ void save_sharded_checkpoint(const std::string& path, const state& state, const 
 }
 
 checkpoint_contents read_sharded_checkpoint(const std::string& directory) {
-  std::error_code ec;
-  const fs::path root(directory);
-  if (!fs::is_directory(root, ec)) fail_checkpoint(directory, "is not a directory");
-  const fs::path meta_path = root / meta_file;
-  if (!fs::exists(meta_path, ec)) {
+  const detail::confined_directory root(directory, &fail_checkpoint);
+  const fs::path meta_path = root.path_of(meta_file);
+  auto meta_bytes = root.read(meta_file);
+  if (!meta_bytes) {
     fail_checkpoint(directory, "is a directory without meta.pt (a loom sharded checkpoint) or latest (a ZeRO "
                                "checkpoint in DeepSpeed's layout): neither, or a save that did not finish");
   }
-  const checkpoint_contents meta = detail::parse_checkpoint(detail::read_file(meta_path.string()), meta_path.string());
+  const checkpoint_contents meta = detail::parse_checkpoint(*meta_bytes, meta_path.string());
+  meta_bytes.reset();
   std::vector<checkpoint_contents> ranks;
   for (auto& [name, contents] : detail::read_listed(root, meta, meta_path)) ranks.push_back(std::move(contents));
   if (ranks.empty()) fail_checkpoint(meta_path.string(), "lists no rank files");

@@ -1,7 +1,10 @@
 #include <loom/data/idx.hpp>
 #include <loom/errors.hpp>
 
+#include "../util/outside_files.hpp"
+
 #include <ATen/ATen.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <array>
@@ -45,12 +48,25 @@ void read_exact(gzFile file, void* out, std::size_t size, const std::string& pat
   }
 }
 
+[[noreturn]] void refuse_idx(const std::string& path, const std::string& why) {
+  throw data_error("cannot read IDX file " + path + ": it " + why);
+}
+
+// DEFLATE's largest ratio (a run of one byte) is a little under 1032:1: a
+// gzip file of S bytes cannot hold more than 1032 S bytes of data.
+constexpr std::int64_t deflate_max_ratio = 1032;
+
 }  // namespace
 
 at::Tensor read_idx(const std::string& path, const std::string& hint) {
-  errno = 0;
-  std::unique_ptr<gzFile_s, gz_closer> file(gzopen(path.c_str(), "rb"));
-  if (!file) fail(path, errno != 0 ? std::strerror(errno) : "cannot open it", hint);
+  // A regular file (a FIFO would block, /dev/zero never ends), then gzip or plain.
+  const auto opened = loom::detail::open_regular_file(path, &refuse_idx);
+  if (!opened) fail(path, std::strerror(ENOENT), hint);
+  std::unique_ptr<gzFile_s, gz_closer> file(gzdopen(opened->descriptor, "rb"));
+  if (!file) {
+    ::close(opened->descriptor);
+    fail(path, "cannot open it (out of memory)", hint);
+  }
 
   std::array<unsigned char, 4> magic{};
   read_exact(file.get(), magic.data(), magic.size(), path, "header", hint);
@@ -72,6 +88,15 @@ at::Tensor read_idx(const std::string& path, const std::string& hint) {
     if (count > (int64_t{1} << 34)) fail(path, "the declared size is too large", hint);
   }
 
+  // Nothing is allocated for more data than the file can hold.
+  const auto file_bytes = static_cast<std::int64_t>(opened->bytes);
+  const std::int64_t most = gzdirect(file.get()) != 0 ? file_bytes : file_bytes * deflate_max_ratio;
+  if (count > most) {
+    fail(path,
+         "its header declares " + std::to_string(count) + " bytes of data, more than a file of " +
+             std::to_string(file_bytes) + " bytes can hold" + (gzdirect(file.get()) != 0 ? "" : " even compressed"),
+         hint);
+  }
   at::Tensor tensor = at::empty(shape, at::kByte);
   read_exact(file.get(), tensor.data_ptr<uint8_t>(), static_cast<std::size_t>(count), path, "data", hint);
   unsigned char extra = 0;

@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../util/outside_files.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -26,6 +28,13 @@ std::string number_text(double value) {
   out << value;
   return out.str();
 }
+// An options file is a small JSON object: larger than this, it is not one.
+constexpr std::size_t options_file_limit = std::size_t{16} << 20;
+
+[[noreturn]] void refuse_options_file(const std::string& path, const std::string& why) {
+  throw configuration_error("strategy options file " + path + ": it " + why);
+}
+
 }  // namespace
 
 option_reader::option_reader(std::string strategy, std::string_view text)
@@ -35,14 +44,12 @@ option_reader::option_reader(std::string strategy, std::string_view text)
   std::string json_text(text);
   std::string origin = "the strategy options";
   if (text[first] != '{') {
-    std::ifstream file{std::string(text)};
-    if (!file) {
+    const auto bytes = loom::detail::read_regular_file(std::string(text), options_file_limit, &refuse_options_file);
+    if (!bytes) {
       throw configuration_error("strategy '" + strategy_ + "': the options are neither a JSON object ('{...}') nor "
                                 "a readable file: '" + std::string(text) + "'");
     }
-    std::stringstream content;
-    content << file.rdbuf();
-    json_text = content.str();
+    json_text.assign(bytes->begin(), bytes->end());
     origin = "the options file " + std::string(text);
   }
   try {

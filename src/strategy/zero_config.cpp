@@ -8,6 +8,8 @@
 #include <loom/errors.hpp>
 #include <loom/strategy/zero_config.hpp>
 
+#include "../util/outside_files.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <cmath>
@@ -218,15 +220,20 @@ json parse_text(const std::string& text, const std::string& source) {
   }
 }
 
+[[noreturn]] void refuse_config(const std::string& path, const std::string& why) {
+  throw configuration_error("deepspeed config " + path + ": it " + why);
+}
+
+// A DeepSpeed config is a small JSON file: larger than this, it is not one.
+constexpr std::size_t config_byte_limit = std::size_t{16} << 20;
+
 json read_file(const std::string& path, const std::string& source) {
-  std::ifstream in(path);
-  if (!in) {
+  const auto bytes = loom::detail::read_regular_file(path, config_byte_limit, &refuse_config);
+  if (!bytes) {
     throw configuration_error("deepspeed: you passed in a path to a DeepSpeed config but the path does not exist: " +
                               path + " (" + source + ")");
   }
-  std::ostringstream content;
-  content << in.rdbuf();
-  return parse_text(content.str(), source);
+  return parse_text(std::string(bytes->begin(), bytes->end()), source);
 }
 
 void read_offload(section& zero, std::string_view key, zero_offload& out, bool has_buffer_size, int stage) {

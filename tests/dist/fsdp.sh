@@ -39,16 +39,21 @@ damage() {
     truncated) truncate -s -100 "$copy/shard_0_of_2.pt" ;;
     flipped) printf "\377" | dd of="$copy/shard_1_of_2.pt" bs=1 seek=2000 conv=notrunc 2>/dev/null ;;
     torn) rm "$copy/meta.pt" ;;
+    # The same bytes outside the directory (size and CRC32 match): a link is still refused.
+    symlink_out) mv "$copy/shard_1_of_2.pt" "$copy.outside" && ln -s "$copy.outside" "$copy/shard_1_of_2.pt" ;;
+    fifo) rm "$copy/shard_1_of_2.pt" && mkfifo "$copy/shard_1_of_2.pt" ;;
   esac
-  "$FSDP_WORKER" load_damaged "$WORK/damaged_$1" "$2" "$MARK" > "$WORK/damaged_$1.txt" 2>&1 ||
+  timeout 120 "$FSDP_WORKER" load_damaged "$WORK/damaged_$1" "$2" "$MARK" > "$WORK/damaged_$1.txt" 2>&1 ||
     { fail "damaged ($1)"; cat "$WORK/damaged_$1.txt"; }
 }
 damage missing "is missing shard_1_of_2.pt"
 damage truncated "shard_0_of_2.pt: has"
 damage flipped "shard_1_of_2.pt: does not match the CRC32"
 damage torn "without meta.pt"
+damage symlink_out "shard_1_of_2.pt: is a symbolic link"
+damage fifo "shard_1_of_2.pt: is a FIFO, not a regular file"
 cat "$WORK"/damaged_*.txt | sed "s/^/  /"
-if [ "$failed" -eq 0 ]; then pass "damaged sharded checkpoints (rank file missing, truncated, corrupted; meta.pt missing) are refused naming the file, nothing changed"; fi
+if [ "$failed" -eq 0 ]; then pass "damaged sharded checkpoints (rank file missing, truncated, corrupted, a link out of the directory, a FIFO; meta.pt missing) are refused naming the file, nothing changed"; fi
 
 # kill -9 of a rank while it saves sharded checkpoints in a loop: what the
 # path holds afterwards is a complete checkpoint (the old or the new one).

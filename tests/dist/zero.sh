@@ -34,7 +34,7 @@ done
 # Damaged copies are refused, naming the file, with nothing changed.
 damage() {  # damage NAME HOW EXPECTED
   rm -rf "$WORK/damaged_$1" && cp -r "$WORK/zero3_2" "$WORK/damaged_$1" && eval "$2"
-  "$ZERO_WORKER" load_damaged "$WORK/damaged_$1" "$3" "$MARK" > "$WORK/damaged_$1.txt" 2>&1 ||
+  timeout 120 "$ZERO_WORKER" load_damaged "$WORK/damaged_$1" "$3" "$MARK" > "$WORK/damaged_$1.txt" 2>&1 ||
     { fail "damaged ($1)"; cat "$WORK/damaged_$1.txt"; }
 }
 c="checkpoint"
@@ -46,8 +46,11 @@ damage flipped "printf '\\377' | dd of=\"\$WORK/damaged_flipped/$c/zero_pp_rank_
   "does not match the CRC32"
 damage torn "rm \"\$WORK/damaged_torn/$c/zero_pp_rank_0_mp_rank_00_model_states.pt\"" "has neither"
 damage no_latest "rm \"\$WORK/damaged_no_latest/latest\"" "or latest (a ZeRO checkpoint"
+# The tag directory moved out and linked back: 'latest' names a link, refused.
+damage tag_link "mv \"\$WORK/damaged_tag_link/$c\" \"\$WORK/tag_outside\" && ln -s \"\$WORK/tag_outside\" \"\$WORK/damaged_tag_link/$c\"" \
+  "$c: is a symbolic link, not a directory"
 cat "$WORK"/damaged_*.txt | sed "s/^/  /"
-if [ "$failed" -eq 0 ]; then pass "damaged ZeRO checkpoints (a file missing, truncated, corrupted; the index or latest missing) are refused naming the file, nothing changed"; fi
+if [ "$failed" -eq 0 ]; then pass "damaged ZeRO checkpoints (a file missing, truncated, corrupted; the index or latest missing) are refused naming the file, nothing changed; a tag directory linked from outside is refused"; fi
 
 # kill -9 of a rank while stage 3 saves in a loop: what the path holds
 # afterwards is a complete checkpoint (the old or the new one).

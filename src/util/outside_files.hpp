@@ -1,0 +1,71 @@
+// Reading files loom did not write (checkpoints, the files their indexes
+// list, DeepSpeed configs). Every check is made on the opened descriptor,
+// never by a stat before the open, so what is checked is what is read:
+// - only regular files are read (a FIFO would block the reader forever,
+//   /dev/zero would never end), and at most a stated number of bytes;
+// - a name that an index inside a directory gives is one path component,
+//   opened relative to that directory's descriptor without following a
+//   symbolic link: no '/', '..' or absolute path, and no link, even to a
+//   file inside the directory, can take a read outside it.
+// Paths the user names are theirs: links in them are followed.
+// Internal to src/.
+#pragma once
+
+#include <cstddef>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace loom::detail {
+
+// How a reader reports a refused file: throws its own error type (a
+// checkpoint_error, a configuration_error) naming the path; never returns.
+using refuse_file = void (*)(const std::string& path, const std::string& why);
+
+inline constexpr std::size_t no_size_limit = std::numeric_limits<std::size_t>::max();
+
+// The file the user named, opened, if it is a regular file: its descriptor
+// (the caller owns it) and its size; nullopt when nothing is there.
+struct regular_file {
+  int descriptor = -1;
+  std::size_t bytes = 0;
+};
+std::optional<regular_file> open_regular_file(const std::string& path, refuse_file refuse);
+
+// The bytes of the file the user named, if it is a regular file of at most
+// `limit` bytes; nullopt when nothing is there.
+std::optional<std::vector<char>> read_regular_file(const std::string& path, std::size_t limit, refuse_file refuse);
+
+// A directory whose entries are named by data inside it, opened once.
+class confined_directory {
+ public:
+  // The user's path (links followed); refused unless it is a directory.
+  confined_directory(const std::string& path, refuse_file refuse);
+  confined_directory(confined_directory&& other) noexcept;
+  confined_directory& operator=(confined_directory&&) = delete;
+  confined_directory(const confined_directory&) = delete;
+  ~confined_directory();
+
+  // The directory `name` inside this one (not a link to one).
+  confined_directory subdirectory(const std::string& name) const;
+  // The regular file `name` inside it, at most `limit` bytes; nullopt when
+  // it has no entry of that name.
+  std::optional<std::vector<char>> read(const std::string& name, std::size_t limit = no_size_limit) const;
+  // Whether it has an entry of that name, of any kind (what to read next is
+  // chosen by it; the read itself checks the entry).
+  bool has(const std::string& name) const;
+
+  const std::string& path() const noexcept { return path_; }
+  std::string path_of(const std::string& name) const;
+
+ private:
+  confined_directory(std::string path, int descriptor, refuse_file refuse) noexcept;
+  void check_name(const std::string& name) const;
+
+  std::string path_;
+  int descriptor_ = -1;
+  refuse_file refuse_;
+};
+
+}  // namespace loom::detail
