@@ -296,6 +296,8 @@ TEST_CASE("make_fabric passes a strategy's options (JSON text or file) and refus
                     Catch::Contains("is not valid JSON"));
   CHECK_THROWS_WITH(loom::make_fabric({.strategy = "ddp", .strategy_options = "/nonexistent/ddp.json"}),
                     Catch::Contains("neither a JSON object ('{...}') nor a readable file: '/nonexistent/ddp.json'"));
+  CHECK_THROWS_WITH(loom::make_fabric({.strategy = "ddp", .strategy_options = R"({"bucket_cap_mb": 1, "bucket_cap_mb": 2})"}),
+                    Catch::Contains("strategy 'ddp': the strategy options gives the key 'bucket_cap_mb' twice"));
   CHECK_THROWS_WITH(loom::make_fabric({.strategy = "ddp", .strategy_options = "/dev/zero"}),
                     Catch::Contains("strategy options file /dev/zero: it is a character device, not a regular file"));
   CHECK_THROWS_WITH(loom::make_fabric({.strategy = "ddp", .strategy_options = "[1, 2]"}),

@@ -417,6 +417,19 @@ TEST_CASE("deepspeed: bad configs name the key, the value and what is accepted",
   CHECK_THAT(zero_refusal(R"({"zero_optimization": {"stage": 2})"), Catch::Contains("is not valid JSON"));
   CHECK_THROWS_WITH(loom::resolve_zero_config({.config = "/no/such/ds_config.json"}, "32-true", 2),
                     Catch::Contains("the path does not exist: /no/such/ds_config.json"));
+  // JSON from outside: nesting bounded (10^5 levels would overflow the stack
+  // in nlohmann's recursive dump), no key twice, batch products checked.
+  CHECK_THAT(zero_refusal("{\"a\": " + std::string(100000, '[') + std::string(100000, ']') + "}"),
+             Catch::Contains("nests deeper than 64 levels"));
+  CHECK_THAT(zero_refusal(R"({"train_batch_size": 8, "train_batch_size": 16})"),
+             Catch::Contains("gives the key 'train_batch_size' twice in one object"));
+  CHECK_THAT(zero_refusal(R"({"zero_optimization": {"stage": 2, "stage": 3}})"),
+             Catch::Contains("gives the key 'stage' twice"));
+  CHECK_THAT(zero_refusal(R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4611686018427387904,
+                              "gradient_accumulation_steps": 4})"),
+             Catch::Contains("= 4611686018427387904 x 4 x 2 does not fit in a 64-bit integer"));
+  CHECK_THAT(zero_refusal(R"({"train_micro_batch_size_per_gpu": 4611686018427387904})"),
+             Catch::Contains("does not fit in a 64-bit integer"));
   // Only a regular file is read as a config: /dev/zero would be read until memory ran out.
   CHECK_THROWS_WITH(loom::resolve_zero_config({.config = "/dev/zero"}, "32-true", 2),
                     Catch::Contains("deepspeed config /dev/zero: it is a character device, not a regular file"));

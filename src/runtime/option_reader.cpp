@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../util/outside_files.hpp"
+#include "../util/outside_json.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -52,11 +53,7 @@ option_reader::option_reader(std::string strategy, std::string_view text)
     json_text.assign(bytes->begin(), bytes->end());
     origin = "the options file " + std::string(text);
   }
-  try {
-    parsed_->object = nlohmann::json::parse(json_text);
-  } catch (const nlohmann::json::parse_error& error) {
-    throw configuration_error("strategy '" + strategy_ + "': " + origin + " is not valid JSON: " + error.what());
-  }
+  parsed_->object = loom::detail::parse_outside_json(json_text, "strategy '" + strategy_ + "': " + origin);
   if (!parsed_->object.is_object()) {
     throw configuration_error("strategy '" + strategy_ + "': " + origin + " must be a JSON object of option names "
                               "and values, got " + shown(parsed_->object));

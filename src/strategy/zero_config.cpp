@@ -9,6 +9,7 @@
 #include <loom/strategy/zero_config.hpp>
 
 #include "../util/outside_files.hpp"
+#include "../util/outside_json.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -213,11 +214,7 @@ json from_arguments(const deepspeed_options& o) {
 }
 
 json parse_text(const std::string& text, const std::string& source) {
-  try {
-    return json::parse(text);
-  } catch (const json::parse_error& error) {
-    throw configuration_error("deepspeed config (" + source + ") is not valid JSON: " + error.what());
-  }
+  return loom::detail::parse_outside_json(text, "deepspeed config (" + source + ")");
 }
 
 [[noreturn]] void refuse_config(const std::string& path, const std::string& why) {
@@ -381,35 +378,48 @@ void read_config(const json& root, zero_config& config, std::string_view precisi
                               "true; DeepSpeed takes one");
   }
 
-  // Batch sizes as DeepSpeed derives and checks them.
+  // Batch sizes as DeepSpeed derives and checks them; a product of values
+  // from outside is checked before it is used.
   const std::int64_t w = world_size;
+  auto product = [&](std::int64_t a, std::int64_t b, std::int64_t c, const char* names) {
+    std::int64_t out = 0;
+    if (__builtin_mul_overflow(a, b, &out) || __builtin_mul_overflow(out, c, &out)) {
+      throw configuration_error("deepspeed config (" + config.source + "): " + names + " = " + std::to_string(a) +
+                                " x " + std::to_string(b) + " x " + std::to_string(c) +
+                                " does not fit in a 64-bit integer (no batch is that large)");
+    }
+    return out;
+  };
+  const char* all_three = "train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size";
   if (batch > 0 && micro > 0 && accumulation > 0) {
-    if (batch != micro * accumulation * w) {
+    if (batch != product(micro, accumulation, w, all_three)) {
       throw configuration_error(
           "deepspeed config (" + config.source + "): train_batch_size = " + std::to_string(batch) +
           " must equal train_micro_batch_size_per_gpu x gradient_accumulation_steps x world size = " +
           std::to_string(micro) + " x " + std::to_string(accumulation) + " x " + std::to_string(w) + " = " +
-          std::to_string(micro * accumulation * w));
+          std::to_string(product(micro, accumulation, w, all_three)));
     }
   } else if (batch > 0 && micro > 0) {
-    if (batch % (micro * w) != 0) {
+    const std::int64_t per_step = product(micro, 1, w, "train_micro_batch_size_per_gpu x world size");
+    if (batch % per_step != 0) {
       throw configuration_error("deepspeed config (" + config.source + "): train_batch_size = " +
                                 std::to_string(batch) + " is not a multiple of train_micro_batch_size_per_gpu x "
-                                "world size = " + std::to_string(micro * w));
+                                "world size = " + std::to_string(per_step));
     }
-    accumulation = batch / (micro * w);
+    accumulation = batch / per_step;
   } else if (batch > 0) {
     if (accumulation == 0) accumulation = 1;
-    if (batch % (accumulation * w) != 0) {
+    const std::int64_t per_micro = product(accumulation, 1, w, "gradient_accumulation_steps x world size");
+    if (batch % per_micro != 0) {
       throw configuration_error("deepspeed config (" + config.source + "): train_batch_size = " +
                                 std::to_string(batch) + " is not a multiple of gradient_accumulation_steps x world "
-                                "size = " + std::to_string(accumulation * w));
+                                "size = " + std::to_string(per_micro));
     }
-    micro = batch / (accumulation * w);
+    micro = batch / per_micro;
   } else {
     if (micro == 0) micro = 1;  // Lightning: setdefault("train_micro_batch_size_per_gpu", 1)
     if (accumulation == 0) accumulation = 1;
-    batch = micro * accumulation * w;
+    batch = product(micro, accumulation, w, all_three);
   }
   config.train_batch_size = batch;
   config.train_micro_batch_size_per_gpu = micro;
