@@ -118,6 +118,59 @@ void write_bytes(const std::string& path, const std::string& bytes) {
   out << bytes;
 }
 
+// Little-endian fields of a zip archive's bytes.
+std::uint64_t zip_field(const std::string& zip, std::size_t at, int bytes) {
+  std::uint64_t value = 0;
+  for (int i = bytes - 1; i >= 0; --i) value = value << 8 | std::uint8_t(zip[at + static_cast<std::size_t>(i)]);
+  return value;
+}
+void set_zip_field(std::string& zip, std::size_t at, int bytes, std::uint64_t value) {
+  for (int i = 0; i < bytes; ++i) zip[at + static_cast<std::size_t>(i)] = static_cast<char>((value >> (8 * i)) & 0xFF);
+}
+
+// A zip archive's bytes with the first entry of its central directory
+// listed `copies` more times (the end records' counts, size and offsets
+// updated): one record that a reader would check copies + 1 times.
+std::string with_repeated_entry(const std::string& zip, int copies) {
+  const std::size_t eocd = zip.rfind(std::string("PK\x05\x06", 4));
+  const std::size_t zip64 = zip.find(std::string("PK\x06\x06", 4));
+  REQUIRE(eocd != std::string::npos);
+  std::uint64_t entries = zip_field(zip, eocd + 10, 2), size = zip_field(zip, eocd + 12, 4),
+                directory = zip_field(zip, eocd + 16, 4);
+  if (zip64 != std::string::npos) {
+    entries = zip_field(zip, zip64 + 32, 8), size = zip_field(zip, zip64 + 40, 8), directory = zip_field(zip, zip64 + 48, 8);
+  }
+  const std::size_t first = 46 + zip_field(zip, directory + 28, 2) + zip_field(zip, directory + 30, 2) +
+                            zip_field(zip, directory + 32, 2);
+  const std::size_t grown = first * static_cast<std::size_t>(copies);
+  std::string tail = zip.substr(directory + size);  // [ZIP64 end record, locator,] end record
+  const std::size_t end = tail.rfind(std::string("PK\x05\x06", 4));
+  if (zip_field(tail, end + 10, 2) != 0xFFFF) {
+    set_zip_field(tail, end + 8, 2, entries + copies);
+    set_zip_field(tail, end + 10, 2, entries + copies);
+  }
+  if (zip_field(tail, end + 12, 4) != 0xFFFFFFFF) set_zip_field(tail, end + 12, 4, size + grown);
+  if (zip64 != std::string::npos) {
+    const std::size_t record = zip64 - (directory + size);
+    set_zip_field(tail, record + 24, 8, entries + copies);
+    set_zip_field(tail, record + 32, 8, entries + copies);
+    set_zip_field(tail, record + 40, 8, size + grown);
+    const std::size_t locator = tail.find(std::string("PK\x06\x07", 4));
+    REQUIRE(locator != std::string::npos);
+    set_zip_field(tail, locator + 8, 8, zip64 + grown);
+  }
+  std::string out = zip.substr(0, directory + size);
+  for (int i = 0; i < copies; ++i) out += zip.substr(directory, first);
+  return out + tail;
+}
+
+// Where the bytes of record `name` start (after its local header).
+std::size_t zip_record_data(const std::string& zip, const std::string& name) {
+  const std::size_t local = zip.find(name) - 30;  // the first occurrence is the local header's
+  REQUIRE(zip.compare(local, 4, std::string("PK\x03\x04", 4)) == 0);
+  return local + 30 + zip_field(zip, local + 26, 2) + zip_field(zip, local + 28, 2);
+}
+
 std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
@@ -395,7 +448,8 @@ TEST_CASE("each bad checkpoint file is a clear error and leaves every entry as i
   }
   SECTION("one flipped byte in the tensor data") {
     std::string flipped = bytes;
-    flipped[flipped.size() / 2] = static_cast<char>(flipped[flipped.size() / 2] ^ 0x5A);
+    const std::size_t at = zip_record_data(flipped, "archive/data/0") + 1;
+    flipped[at] = static_cast<char>(flipped[at] ^ 0x5A);
     write_bytes(dir.file("flip.ckpt"), flipped);
     CHECK_THROWS_WITH(victim.fabric.load(dir.file("flip.ckpt"), victim.state()),
                       Catch::Contains("flip.ckpt") && Catch::Contains("corrupted (CRC32 mismatch)"));
@@ -408,6 +462,20 @@ TEST_CASE("each bad checkpoint file is a clear error and leaves every entry as i
   SECTION("a device (/dev/zero never ends)") {
     CHECK_THROWS_WITH(victim.fabric.load("/dev/zero", victim.state()),
                       Catch::Contains("/dev/zero") && Catch::Contains("is a character device, not a regular file"));
+  }
+  SECTION("one zip record listed a thousand times (each would be CRC-checked)") {
+    write_bytes(dir.file("repeated.ckpt"), with_repeated_entry(bytes, 1000));
+    CHECK_THROWS_WITH(victim.fabric.load(dir.file("repeated.ckpt"), victim.state()),
+                      Catch::Contains("repeated.ckpt") && Catch::Contains("its zip directory lists") &&
+                          Catch::Contains("twice"));
+  }
+  SECTION("a local header that names another record than the directory does") {
+    std::string renamed = bytes;
+    REQUIRE(renamed.compare(0, 4, std::string("PK\x03\x04", 4)) == 0);
+    renamed[30] = static_cast<char>(renamed[30] ^ 0x20);  // the first letter of the first record's local name
+    write_bytes(dir.file("renamed.ckpt"), renamed);
+    CHECK_THROWS_WITH(victim.fabric.load(dir.file("renamed.ckpt"), victim.state()),
+                      Catch::Contains("does not match the local header it points at"));
   }
   SECTION("not a checkpoint") {
     write_bytes(dir.file("text.ckpt"), std::string(100, 'x'));

@@ -15,6 +15,8 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <string>
+#include <vector>
 
 namespace loom::detail {
 namespace {
@@ -96,10 +98,22 @@ std::vector<char> write_torch_archive(const c10::IValue& root) {
   return archive;
 }
 
-void verify_zip_records(const std::vector<char>& bytes, const std::string& path) {
-  const char* data = bytes.data();
-  const std::size_t size = bytes.size();
-  // End of central directory: 22 bytes plus a comment of at most 64 KiB, at the end.
+namespace {
+
+// [offset, offset + length) lies inside a buffer of `size` bytes (no sum
+// that could wrap around: the fields come from the file).
+bool fits(std::uint64_t offset, std::uint64_t length, std::uint64_t size) {
+  return offset <= size && length <= size - offset;
+}
+
+struct zip_directory {
+  std::uint64_t entries = 0, offset = 0, size = 0;
+};
+
+// The end of central directory record (and its ZIP64 form): where the
+// directory is and how many entries it has, inside the file.
+zip_directory find_directory(const char* data, std::size_t size, const std::string& path) {
+  // 22 bytes plus a comment of at most 64 KiB, at the end.
   constexpr std::size_t eocd_size = 22;
   if (size < eocd_size) fail_checkpoint(path, "is truncated (shorter than a zip directory)");
   std::size_t eocd = std::string::npos;
@@ -111,55 +125,146 @@ void verify_zip_records(const std::vector<char>& bytes, const std::string& path)
     }
   }
   if (eocd == std::string::npos) fail_checkpoint(path, "is truncated or not a zip archive (no end of central directory)");
-  std::uint64_t entries = little_endian(data + eocd + 10, 2);
-  std::uint64_t directory_size = little_endian(data + eocd + 12, 4);
-  std::uint64_t directory_offset = little_endian(data + eocd + 16, 4);
-  if (entries == 0xFFFF || directory_size == 0xFFFFFFFF || directory_offset == 0xFFFFFFFF) {
+  zip_directory directory{little_endian(data + eocd + 10, 2), little_endian(data + eocd + 16, 4),
+                          little_endian(data + eocd + 12, 4)};
+  if (directory.entries == 0xFFFF || directory.size == 0xFFFFFFFF || directory.offset == 0xFFFFFFFF) {
     // ZIP64: the locator sits just before the end record and points at the ZIP64 end record.
     if (eocd < 20 || little_endian(data + eocd - 20, 4) != 0x07064b50) fail_checkpoint(path, "has a damaged ZIP64 directory");
     const std::uint64_t record = little_endian(data + eocd - 20 + 8, 8);
-    if (record + 56 > size || little_endian(data + record, 4) != 0x06064b50) fail_checkpoint(path, "has a damaged ZIP64 directory");
-    entries = little_endian(data + record + 32, 8);
-    directory_size = little_endian(data + record + 40, 8);
-    directory_offset = little_endian(data + record + 48, 8);
+    if (!fits(record, 56, size) || little_endian(data + record, 4) != 0x06064b50) {
+      fail_checkpoint(path, "has a damaged ZIP64 directory");
+    }
+    directory = {little_endian(data + record + 32, 8), little_endian(data + record + 48, 8),
+                 little_endian(data + record + 40, 8)};
   }
-  if (directory_offset + directory_size > size) fail_checkpoint(path, "is truncated (its zip directory points past the end)");
+  if (!fits(directory.offset, directory.size, size)) {
+    fail_checkpoint(path, "is truncated (its zip directory points past the end)");
+  }
+  // Each entry takes at least 46 bytes of the directory.
+  if (directory.entries > directory.size / 46) {
+    fail_checkpoint(path, "has a damaged zip directory (" + std::to_string(directory.entries) +
+                              " entries declared in " + std::to_string(directory.size) + " bytes)");
+  }
+  return directory;
+}
 
-  std::size_t at = directory_offset;
-  for (std::uint64_t i = 0; i < entries; ++i) {
-    if (at + 46 > size || little_endian(data + at, 4) != 0x02014b50) fail_checkpoint(path, "has a damaged zip directory");
+// One record: where its bytes are, as its local header places them.
+struct zip_record {
+  std::string name;
+  std::uint64_t header = 0, start = 0, bytes = 0;
+  std::uint32_t crc = 0;
+};
+
+// The directory's entries, each checked against its local header and the
+// file's bounds (every field comes from the file).
+std::vector<zip_record> read_entries(const char* data, std::size_t size, const zip_directory& directory,
+                                     const std::string& path) {
+  const std::uint64_t directory_end = directory.offset + directory.size;
+  std::vector<zip_record> records;
+  records.reserve(static_cast<std::size_t>(directory.entries));
+  std::uint64_t at = directory.offset;
+  for (std::uint64_t i = 0; i < directory.entries; ++i) {
+    if (!fits(at, 46, directory_end) || little_endian(data + at, 4) != 0x02014b50) {
+      fail_checkpoint(path, "has a damaged zip directory");
+    }
     const auto method = little_endian(data + at + 10, 2);
-    const auto crc = static_cast<std::uint32_t>(little_endian(data + at + 16, 4));
+    zip_record record;
+    record.crc = static_cast<std::uint32_t>(little_endian(data + at + 16, 4));
     std::uint64_t compressed = little_endian(data + at + 20, 4);
     std::uint64_t uncompressed = little_endian(data + at + 24, 4);
     const std::size_t name_length = little_endian(data + at + 28, 2);
     const std::size_t extra_length = little_endian(data + at + 30, 2);
     const std::size_t comment_length = little_endian(data + at + 32, 2);
-    std::uint64_t local = little_endian(data + at + 42, 4);
-    if (at + 46 + name_length + extra_length + comment_length > size) fail_checkpoint(path, "has a damaged zip directory");
-    const std::string name(data + at + 46, name_length);
-    // ZIP64 extended information: the 0xFFFFFFFF fields, in this order.
+    record.header = little_endian(data + at + 42, 4);
+    if (!fits(at + 46, name_length + extra_length + comment_length, directory_end)) {
+      fail_checkpoint(path, "has a damaged zip directory");
+    }
+    record.name.assign(data + at + 46, name_length);
+    // ZIP64 extended information: the 0xFFFFFFFF fields, in this order, each
+    // read only inside the block its length gives.
     for (std::size_t extra = at + 46 + name_length, end = extra + extra_length; extra + 4 <= end;) {
       const auto id = little_endian(data + extra, 2);
       const std::size_t length = little_endian(data + extra + 2, 2);
+      if (!fits(extra + 4, length, end)) fail_checkpoint(path, "has a damaged zip directory (record '" + record.name + "')");
       if (id == 0x0001) {
         std::size_t field = extra + 4;
-        if (uncompressed == 0xFFFFFFFF) uncompressed = little_endian(data + field, 8), field += 8;
-        if (compressed == 0xFFFFFFFF) compressed = little_endian(data + field, 8), field += 8;
-        if (local == 0xFFFFFFFF) local = little_endian(data + field, 8);
+        auto next = [&](std::uint64_t& value) {
+          if (value != 0xFFFFFFFF) return;
+          if (!fits(field, 8, extra + 4 + length)) fail_checkpoint(path, "has a damaged ZIP64 field in record '" + record.name + "'");
+          value = little_endian(data + field, 8);
+          field += 8;
+        };
+        next(uncompressed);
+        next(compressed);
+        next(record.header);
       }
       extra += 4 + length;
     }
     if (method != 0 || compressed != uncompressed) {
-      fail_checkpoint(path, "holds a compressed record '" + name + "'; torch archives store their records uncompressed");
+      fail_checkpoint(path, "holds a compressed record '" + record.name + "'; torch archives store their records uncompressed");
     }
-    if (local + 30 > size || little_endian(data + local, 4) != 0x04034b50) {
-      fail_checkpoint(path, "is truncated or damaged (record '" + name + "' has no local header)");
+    if (!fits(record.header, 30, size) || little_endian(data + record.header, 4) != 0x04034b50) {
+      fail_checkpoint(path, "is truncated or damaged (record '" + record.name + "' has no local header)");
     }
-    const std::uint64_t start = local + 30 + little_endian(data + local + 26, 2) + little_endian(data + local + 28, 2);
-    if (start + compressed > size) fail_checkpoint(path, "is truncated (record '" + name + "' runs past the end of the file)");
-    if (crc32_of(data + start, compressed) != crc) fail_checkpoint(path, "is corrupted (CRC32 mismatch) in record '" + name + "'");
+    // The local header must name the record the directory names.
+    const std::size_t local_name = little_endian(data + record.header + 26, 2);
+    const std::size_t local_extra = little_endian(data + record.header + 28, 2);
+    if (!fits(record.header + 30, local_name + local_extra, size) || local_name != name_length ||
+        std::memcmp(data + record.header + 30, record.name.data(), name_length) != 0) {
+      fail_checkpoint(path, "is damaged: the directory's record '" + record.name +
+                                "' does not match the local header it points at");
+    }
+    record.start = record.header + 30 + local_name + local_extra;
+    record.bytes = compressed;
+    if (!fits(record.start, record.bytes, size)) {
+      fail_checkpoint(path, "is truncated (record '" + record.name + "' runs past the end of the file)");
+    }
+    records.push_back(std::move(record));
     at += 46 + name_length + extra_length + comment_length;
+  }
+  return records;
+}
+
+void refuse_shared_bytes(const std::vector<zip_record>& records, const zip_directory& directory,
+                         const std::string& path) {
+  const std::uint64_t directory_end = directory.offset + directory.size;
+  // Each record once, in bytes of its own: one record listed a thousand
+  // times (to be checked a thousand times), or two names for one record's
+  // bytes, are refused before any CRC is computed.
+  std::vector<const std::string*> names;
+  names.reserve(records.size());
+  for (const auto& record : records) names.push_back(&record.name);
+  std::sort(names.begin(), names.end(), [](const std::string* a, const std::string* b) { return *a < *b; });
+  for (std::size_t i = 1; i < names.size(); ++i) {
+    if (*names[i] == *names[i - 1]) fail_checkpoint(path, "is damaged: its zip directory lists '" + *names[i] + "' twice");
+  }
+  std::vector<const zip_record*> by_offset;
+  by_offset.reserve(records.size());
+  for (const auto& record : records) by_offset.push_back(&record);
+  std::sort(by_offset.begin(), by_offset.end(), [](const zip_record* a, const zip_record* b) { return a->header < b->header; });
+  for (std::size_t i = 0; i < by_offset.size(); ++i) {
+    const zip_record& record = *by_offset[i];
+    const std::uint64_t end = record.start + record.bytes;
+    if (i + 1 < by_offset.size() && end > by_offset[i + 1]->header) {
+      fail_checkpoint(path, "is damaged: records '" + record.name + "' and '" + by_offset[i + 1]->name + "' overlap");
+    }
+    if (record.header < directory_end && end > directory.offset) {
+      fail_checkpoint(path, "is damaged: record '" + record.name + "' overlaps the zip directory");
+    }
+  }
+}
+
+}  // namespace
+
+void verify_zip_records(const std::vector<char>& bytes, const std::string& path) {
+  const char* data = bytes.data();
+  const zip_directory directory = find_directory(data, bytes.size(), path);
+  const std::vector<zip_record> records = read_entries(data, bytes.size(), directory, path);
+  refuse_shared_bytes(records, directory, path);
+  for (const auto& record : records) {
+    if (crc32_of(data + record.start, record.bytes) != record.crc) {
+      fail_checkpoint(path, "is corrupted (CRC32 mismatch) in record '" + record.name + "'");
+    }
   }
 }
 
