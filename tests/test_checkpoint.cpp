@@ -4,7 +4,11 @@
 #include "test_models.hpp"
 
 #include "catch.hpp"
+#include "../src/checkpoint/torch_archive.hpp"
 #include "../src/util/outside_files.hpp"
+
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 
 #include <sys/stat.h>
 #include <loom/environment.hpp>
@@ -584,6 +588,77 @@ TEST_CASE("a checkpoint directory's files are read only as regular files inside 
   CHECK_THROWS_WITH(checkpoint.subdirectory("rank_0.pt"), Catch::Contains("is not a directory inside"));
   CHECK_THROWS_WITH(loom::detail::confined_directory((root / "rank_0.pt").string(), &refuse_for_test),
                     Catch::Contains("is not a directory"));
+}
+
+namespace {
+// A torch archive of {"w": tensor} as loom writes one, its pickle edited by
+// `forge` first (the records stay as they are, their CRCs right).
+std::vector<char> forged_archive(const at::Tensor& tensor, const std::function<void(std::string&)>& forge) {
+  c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
+  dict.insert("w", tensor);
+  std::string pickle;
+  torch::jit::Pickler pickler([&pickle](const char* data, size_t size) { pickle.append(data, size); }, nullptr,
+                              nullptr, nullptr, nullptr, false);
+  pickler.protocol();
+  pickler.pushIValue(dict);
+  pickler.stop();
+  forge(pickle);
+  std::vector<char> archive;
+  caffe2::serialize::PyTorchStreamWriter writer([&archive](const void* data, size_t size) {
+    archive.insert(archive.end(), static_cast<const char*>(data), static_cast<const char*>(data) + size);
+    return size;
+  });
+  writer.writeRecord("data.pkl", pickle.data(), pickle.size());
+  for (std::size_t i = 0; i < pickler.tensorData().size(); ++i) {
+    const auto data = torch::jit::getWriteableTensorData(pickler.tensorData()[i]);
+    writer.writeRecord("data/" + std::to_string(i), data.data(), data.sizeInBytes());
+  }
+  writer.writeEndOfFile();
+  return archive;
+}
+
+void replace_once(std::string& text, const std::string& from, const std::string& to) {
+  std::string shown;  // the pickle, printable, when the edit does not apply
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "\\x%02x", byte);
+    shown += byte >= 0x20 && byte < 0x7f ? std::string(1, c) : std::string(hex);
+  }
+  INFO("pickle: " << shown);
+  const std::size_t at = text.find(from);
+  REQUIRE(at != std::string::npos);
+  REQUIRE(text.find(from, at + 1) == std::string::npos);
+  text.replace(at, from.size(), to);
+}
+}  // namespace
+
+// LibTorch 1.13's unpickler sizes a storage by the numel the pickle states
+// and sets each view as stated: a forged file could make a tensor read heap
+// memory past its record. Every view is checked against its record first.
+TEST_CASE("a tensor that reaches past its record is refused before anything reads it", "[checkpoint]") {
+  const at::Tensor tensor = at::arange(6, at::kFloat).reshape({2, 3});
+  const auto honest = loom::detail::read_torch_archive(forged_archive(tensor, [](std::string&) {}), "honest.pt");
+  CHECK(torch::equal(honest.toGenericDict().at("w").toTensor(), tensor));
+  // The storage's numel, 6, stated as 60: a 240-byte storage over a 24-byte record.
+  const auto longer = forged_archive(tensor, [](std::string& pickle) {
+    replace_once(pickle, std::string("K\x06tQ", 4), std::string("K\x3ctQ", 4));
+  });
+  CHECK_THROWS_WITH(loom::detail::read_torch_archive(longer, "longer.pt"),
+                    Catch::Contains("checkpoint longer.pt: the tensor at 'w' claims a storage of 240 bytes, and its "
+                                    "record data/0 holds 24"));
+  // Sizes (2, 3) stated as (2, 9) over strides (3, 1): 12 elements of a 6-element storage.
+  const auto wider = forged_archive(tensor, [](std::string& pickle) {
+    replace_once(pickle, std::string("(K\x02K\x03t(K\x03K\x01t", 12), std::string("(K\x02K\x09t(K\x03K\x01t", 12));
+  });
+  CHECK_THROWS_WITH(loom::detail::read_torch_archive(wider, "wider.pt"),
+                    Catch::Contains("the tensor at 'w' (sizes [2, 9], strides [3, 1], offset 0) reaches past its "
+                                    "storage of 6 elements"));
+  // An offset that starts past the end.
+  const auto shifted = forged_archive(tensor, [](std::string& pickle) {
+    replace_once(pickle, std::string("K\x00(K\x02", 5), std::string("K\x05(K\x02", 5));
+  });
+  CHECK_THROWS_WITH(loom::detail::read_torch_archive(shifted, "shifted.pt"), Catch::Contains("offset 5) reaches past"));
 }
 
 TEST_CASE("a failed save leaves the previous checkpoint and no temporary file", "[checkpoint]") {

@@ -3,6 +3,7 @@
 #include "file_bytes.hpp"
 
 #include "python_pickle.hpp"
+#include "tensor_records.hpp"
 
 #include <loom/errors.hpp>
 
@@ -301,11 +302,15 @@ c10::IValue read_torch_archive(const std::vector<char>& bytes, const std::string
       position += count;
       return count;
     };
-    auto read_record = [&reader](const std::string& name) { return std::get<0>(reader.getRecord("data/" + name)); };
-    torch::jit::Unpickler unpickler(read, /*type_resolver=*/nullptr, /*obj_loader=*/nullptr, read_record,
-                                    /*device=*/c10::nullopt);
+    tensor_records records([&reader](const std::string& name) { return reader.getRecord("data/" + name); });
+    // Every storage stays on the CPU (map_location="cpu"): LibTorch would
+    // copy one stated on a GPU there before any view could be checked.
+    torch::jit::Unpickler unpickler(read, /*type_resolver=*/nullptr, /*obj_loader=*/nullptr, std::ref(records),
+                                    /*device=*/c10::Device(c10::kCPU));
     unpickler.set_version(reader.version());
-    return unpickler.parse_ivalue();
+    c10::IValue value = unpickler.parse_ivalue();
+    records.check_views(value, path);
+    return value;
   } catch (const checkpoint_error&) {
     throw;
   } catch (const std::exception& error) {

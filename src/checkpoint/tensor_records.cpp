@@ -1,0 +1,96 @@
+#include "tensor_records.hpp"
+
+#include "torch_archive.hpp"
+
+#include <ATen/ATen.h>
+
+#include <utility>
+#include <vector>
+
+namespace loom::detail {
+
+namespace {
+
+void release_shared(void* context) { delete static_cast<std::shared_ptr<at::DataPtr>*>(context); }
+
+std::string shape_text(const at::Tensor& tensor) {
+  std::string text = "sizes [";
+  for (int64_t d = 0; d < tensor.dim(); ++d) text += (d ? ", " : "") + std::to_string(tensor.sizes()[static_cast<std::size_t>(d)]);
+  text += "], strides [";
+  for (int64_t d = 0; d < tensor.dim(); ++d) text += (d ? ", " : "") + std::to_string(tensor.strides()[static_cast<std::size_t>(d)]);
+  return text + "], offset " + std::to_string(tensor.storage_offset());
+}
+
+// The element one past the last the view reaches (0 for an empty view), or
+// -1 when a size or stride is negative or the sum does not fit.
+int64_t view_extent(const at::Tensor& tensor) {
+  int64_t last = tensor.storage_offset();
+  if (last < 0) return -1;
+  for (int64_t d = 0; d < tensor.dim(); ++d) {
+    const int64_t size = tensor.sizes()[static_cast<std::size_t>(d)];
+    const int64_t stride = tensor.strides()[static_cast<std::size_t>(d)];
+    if (size < 0 || stride < 0) return -1;
+    if (size == 0) return 0;
+    int64_t step = 0;
+    if (__builtin_mul_overflow(size - 1, stride, &step) || __builtin_add_overflow(last, step, &last)) return -1;
+  }
+  return last + 1;
+}
+
+}  // namespace
+
+at::DataPtr tensor_records::operator()(const std::string& name) {
+  auto& held = by_name_[name];
+  if (!held.buffer) {
+    auto [data, bytes] = read_(name);
+    held.buffer = std::make_shared<at::DataPtr>(std::move(data));
+    held.bytes = bytes;
+    held.name = name;
+    by_address_[held.buffer->get()] = &held;
+  }
+  void* data = held.buffer->get();
+  return at::DataPtr(data, new std::shared_ptr<at::DataPtr>(held.buffer), &release_shared, c10::Device(c10::kCPU));
+}
+
+void tensor_records::check_views(const c10::IValue& value, const std::string& path) const {
+  // An explicit stack: the value's depth comes from the file.
+  std::vector<std::pair<const c10::IValue*, std::string>> pending{{&value, ""}};
+  while (!pending.empty()) {
+    auto [item, place] = std::move(pending.back());
+    pending.pop_back();
+    if (item->isTensor()) {
+      const at::Tensor& tensor = item->toTensor();
+      if (!tensor.defined() || !tensor.has_storage()) continue;
+      const at::Storage& storage = tensor.storage();
+      const auto found = by_address_.find(storage.data());
+      const std::size_t record_bytes = found == by_address_.end() ? 0 : found->second->bytes;
+      const std::string record_name = found == by_address_.end() ? "no record" : "record data/" + found->second->name;
+      const std::string where = "the tensor at " + (place.empty() ? std::string("the root") : place);
+      if (storage.nbytes() > record_bytes) {
+        fail_checkpoint(path, where + " claims a storage of " + std::to_string(storage.nbytes()) + " bytes, and its " +
+                                  record_name + " holds " + std::to_string(record_bytes) + " (a forged or damaged file)");
+      }
+      const int64_t extent = view_extent(tensor);
+      const int64_t elements = static_cast<int64_t>(storage.nbytes() / tensor.element_size());
+      if (extent < 0 || extent > elements) {
+        fail_checkpoint(path, where + " (" + shape_text(tensor) + ") reaches past its storage of " +
+                                  std::to_string(elements) + " elements (a forged or damaged file)");
+      }
+      continue;
+    }
+    if (item->isGenericDict()) {
+      for (const auto& entry : item->toGenericDict()) {
+        const std::string key = entry.key().isString() ? entry.key().toStringRef() : "(key)";
+        pending.emplace_back(&entry.value(), place.empty() ? "'" + key + "'" : place + "['" + key + "']");
+      }
+    } else if (item->isList()) {
+      const auto& list = item->toListRef();
+      for (std::size_t i = 0; i < list.size(); ++i) pending.emplace_back(&list[i], place + "[" + std::to_string(i) + "]");
+    } else if (item->isTuple()) {
+      const auto& elements = item->toTupleRef().elements();
+      for (std::size_t i = 0; i < elements.size(); ++i) pending.emplace_back(&elements[i], place + "[" + std::to_string(i) + "]");
+    }
+  }
+}
+
+}  // namespace loom::detail
