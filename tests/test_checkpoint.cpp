@@ -617,6 +617,18 @@ std::vector<char> forged_archive(const at::Tensor& tensor, const std::function<v
   return archive;
 }
 
+// A torch archive holding only this pickle (no tensor records).
+std::vector<char> archive_of_pickle(const std::string& pickle) {
+  std::vector<char> archive;
+  caffe2::serialize::PyTorchStreamWriter writer([&archive](const void* data, size_t size) {
+    archive.insert(archive.end(), static_cast<const char*>(data), static_cast<const char*>(data) + size);
+    return size;
+  });
+  writer.writeRecord("data.pkl", pickle.data(), pickle.size());
+  writer.writeEndOfFile();
+  return archive;
+}
+
 void replace_once(std::string& text, const std::string& from, const std::string& to) {
   std::string shown;  // the pickle, printable, when the edit does not apply
   for (const char c : text) {
@@ -659,6 +671,24 @@ TEST_CASE("a tensor that reaches past its record is refused before anything read
     replace_once(pickle, std::string("K\x00(K\x02", 5), std::string("K\x05(K\x02", 5));
   });
   CHECK_THROWS_WITH(loom::detail::read_torch_archive(shifted, "shifted.pt"), Catch::Contains("offset 5) reaches past"));
+}
+
+// A pickle's containers 10^5 deep (LibTorch's IValue destructor recurses:
+// destroying that overflows the stack), or a list that contains itself
+// (any recursive walk never ends): refused, and taken apart flat.
+TEST_CASE("unpickled values nested without bound or containing themselves are refused", "[checkpoint]") {
+  constexpr std::size_t depth = 100000;
+  const std::string deep = std::string("\x80\x02", 2) + std::string(depth, ']') + std::string(depth - 1, 'a') + ".";
+  CHECK_THROWS_WITH(loom::detail::read_torch_archive(archive_of_pickle(deep), "deep.pt"),
+                    Catch::Contains("checkpoint deep.pt: containers nest deeper than 1000 levels"));
+  // EMPTY_LIST, BINPUT 0, BINGET 0, APPEND: l = []; l.append(l)
+  const std::string cycle = std::string("\x80\x02]q\x00h\x00" "a.", 9);
+  CHECK_THROWS_WITH(loom::detail::read_torch_archive(archive_of_pickle(cycle), "cycle.pt"),
+                    Catch::Contains("checkpoint cycle.pt: the container at [0] contains itself"));
+  // A list shared twice is not a cycle: [l, l] with l = [1].
+  const std::string shared = std::string("\x80\x02](]q\x00K\x01" "ah\x00" "e.", 14);
+  const auto both = loom::detail::read_torch_archive(archive_of_pickle(shared), "shared.pt");
+  CHECK(both.toListRef().size() == 2);
 }
 
 TEST_CASE("a failed save leaves the previous checkpoint and no temporary file", "[checkpoint]") {

@@ -1,9 +1,11 @@
 #include "tensor_records.hpp"
 
 #include "torch_archive.hpp"
+#include "unpickled_value.hpp"
 
 #include <ATen/ATen.h>
 
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -52,44 +54,32 @@ at::DataPtr tensor_records::operator()(const std::string& name) {
   return at::DataPtr(data, new std::shared_ptr<at::DataPtr>(held.buffer), &release_shared, c10::Device(c10::kCPU));
 }
 
-void tensor_records::check_views(const c10::IValue& value, const std::string& path) const {
-  // An explicit stack: the value's depth comes from the file.
-  std::vector<std::pair<const c10::IValue*, std::string>> pending{{&value, ""}};
-  while (!pending.empty()) {
-    auto [item, place] = std::move(pending.back());
-    pending.pop_back();
-    if (item->isTensor()) {
-      const at::Tensor& tensor = item->toTensor();
-      if (!tensor.defined() || !tensor.has_storage()) continue;
-      const at::Storage& storage = tensor.storage();
-      const auto found = by_address_.find(storage.data());
-      const std::size_t record_bytes = found == by_address_.end() ? 0 : found->second->bytes;
-      const std::string record_name = found == by_address_.end() ? "no record" : "record data/" + found->second->name;
-      const std::string where = "the tensor at " + (place.empty() ? std::string("the root") : place);
-      if (storage.nbytes() > record_bytes) {
-        fail_checkpoint(path, where + " claims a storage of " + std::to_string(storage.nbytes()) + " bytes, and its " +
-                                  record_name + " holds " + std::to_string(record_bytes) + " (a forged or damaged file)");
-      }
-      const int64_t extent = view_extent(tensor);
-      const int64_t elements = static_cast<int64_t>(storage.nbytes() / tensor.element_size());
-      if (extent < 0 || extent > elements) {
-        fail_checkpoint(path, where + " (" + shape_text(tensor) + ") reaches past its storage of " +
-                                  std::to_string(elements) + " elements (a forged or damaged file)");
-      }
-      continue;
+void tensor_records::check_views(c10::IValue& value, const std::string& path) const {
+  std::optional<std::string> refusal;
+  const auto visit = [&](const c10::IValue& item, const std::string& place) {
+    if (refusal || !item.isTensor()) return;
+    const at::Tensor& tensor = item.toTensor();
+    if (!tensor.defined() || !tensor.has_storage()) return;
+    const at::Storage& storage = tensor.storage();
+    const auto found = by_address_.find(storage.data());
+    const std::size_t record_bytes = found == by_address_.end() ? 0 : found->second->bytes;
+    const std::string record_name = found == by_address_.end() ? "no record" : "record data/" + found->second->name;
+    if (storage.nbytes() > record_bytes) {
+      refusal = "the tensor at " + place + " claims a storage of " + std::to_string(storage.nbytes()) + " bytes, and its " +
+                record_name + " holds " + std::to_string(record_bytes) + " (a forged or damaged file)";
+      return;
     }
-    if (item->isGenericDict()) {
-      for (const auto& entry : item->toGenericDict()) {
-        const std::string key = entry.key().isString() ? entry.key().toStringRef() : "(key)";
-        pending.emplace_back(&entry.value(), place.empty() ? "'" + key + "'" : place + "['" + key + "']");
-      }
-    } else if (item->isList()) {
-      const auto& list = item->toListRef();
-      for (std::size_t i = 0; i < list.size(); ++i) pending.emplace_back(&list[i], place + "[" + std::to_string(i) + "]");
-    } else if (item->isTuple()) {
-      const auto& elements = item->toTupleRef().elements();
-      for (std::size_t i = 0; i < elements.size(); ++i) pending.emplace_back(&elements[i], place + "[" + std::to_string(i) + "]");
+    const int64_t extent = view_extent(tensor);
+    const int64_t elements = static_cast<int64_t>(storage.nbytes() / tensor.element_size());
+    if (extent < 0 || extent > elements) {
+      refusal = "the tensor at " + place + " (" + shape_text(tensor) + ") reaches past its storage of " +
+                std::to_string(elements) + " elements (a forged or damaged file)";
     }
+  };
+  if (auto shape = walk_unpickled(value, visit); shape && !refusal) refusal = std::move(shape);
+  if (refusal) {
+    dismantle(std::move(value));
+    fail_checkpoint(path, *refusal);
   }
 }
 

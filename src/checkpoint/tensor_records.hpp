@@ -31,9 +31,11 @@ class tensor_records {
 
   // Every tensor in value lies inside the record its storage came from:
   // its storage is no larger than the record, its sizes and strides are not
-  // negative and its last element is inside the storage. A checkpoint_error
-  // naming path and the tensor's place otherwise.
-  void check_views(const c10::IValue& value, const std::string& path) const;
+  // negative and its last element is inside the storage; and value is a
+  // tree no deeper than unpickled_value.hpp's limit. Otherwise value is taken
+  // apart (so its destruction cannot recurse deeply) and a checkpoint_error
+  // names path and the place.
+  void check_views(c10::IValue& value, const std::string& path) const;
 
  private:
   struct record {
