@@ -685,6 +685,15 @@ TEST_CASE("unpickled values nested without bound or containing themselves are re
   const std::string cycle = std::string("\x80\x02]q\x00h\x00" "a.", 9);
   CHECK_THROWS_WITH(loom::detail::read_torch_archive(archive_of_pickle(cycle), "cycle.pt"),
                     Catch::Contains("checkpoint cycle.pt: the container at [0] contains itself"));
+  // A memo index LibTorch would grow its table to (2^31 entries, 32 GiB).
+  const std::string memo = std::string("\x80\x02]r\xff\xff\xff\x7f.", 9);
+  CHECK_THROWS_WITH(loom::detail::read_torch_archive(archive_of_pickle(memo), "memo.pt"),
+                    Catch::Contains("memo index 2147483647 at byte 3 is larger than a pickle of 9 bytes can use"));
+  // A string whose 8-byte length, 2^64 - 11, would wrap the walker's
+  // position back to byte 0: it would walk the pickle forever.
+  const std::string wrap = std::string("\x80\x02\x8d\xf5\xff\xff\xff\xff\xff\xff\xff.", 12);
+  CHECK_THROWS_WITH(loom::detail::read_torch_archive(archive_of_pickle(wrap), "wrap.pt"),
+                    Catch::Contains("the pickle ends inside an opcode's argument"));
   // A list shared twice is not a cycle: [l, l] with l = [1].
   const std::string shared = std::string("\x80\x02](]q\x00K\x01" "ah\x00" "e.", 14);
   const auto both = loom::detail::read_torch_archive(archive_of_pickle(shared), "shared.pt");

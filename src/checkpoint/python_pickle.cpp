@@ -73,15 +73,15 @@ class walker {
           break;
         }
         // ------------------------------------------------ memo writes: no stack change
-        case 'q': at += 1; memo_[little_endian(need(at - 1, 1), 1)] = top().kind; break;  // BINPUT
-        case 'r': at += 4; memo_[little_endian(need(at - 4, 4), 4)] = top().kind; break;  // LONG_BINPUT
+        case 'q': at += 1; memo_[memo_index(little_endian(need(at - 1, 1), 1), op_at)] = top().kind; break;  // BINPUT
+        case 'r': at += 4; memo_[memo_index(little_endian(need(at - 4, 4), 4), op_at)] = top().kind; break;  // LONG_BINPUT
         case 'p': {  // PUT
           const std::size_t end = skip_line(at);
-          memo_[std::stoull(std::string(data_ + at, end - at - 1))] = top().kind;
+          memo_[memo_index(std::stoull(std::string(data_ + at, end - at - 1)), op_at)] = top().kind;
           at = end;
           break;
         }
-        case 0x94: memo_[memo_count_++] = top().kind; break;  // MEMOIZE
+        case 0x94: memo_[memo_index(memo_count_++, op_at)] = top().kind; break;  // MEMOIZE
         // ------------------------------------------------ structure
         case '(': stack_.push_back({op_at, tag::mark}); break;  // MARK
         case '0': pop(); break;                                  // POP
@@ -164,9 +164,22 @@ class walker {
     return {digits[(value >> 4) & 0xF], digits[value & 0xF]};
   }
 
-  const char* need(std::size_t at, std::size_t bytes) const {
-    if (at + bytes > size_) throw std::runtime_error("the pickle ends inside an opcode's argument");
+  // (No sum that could wrap: a length comes from the file.)
+  const char* need(std::size_t at, std::uint64_t bytes) const {
+    if (at > size_ || bytes > size_ - at) throw std::runtime_error("the pickle ends inside an opcode's argument");
     return data_ + at;
+  }
+
+  // LibTorch's unpickler grows its memo table to the index a PUT names: a
+  // forged index of 2^32 would allocate 64 GiB. An honest pickle numbers
+  // its memo entries from 0, so an index is always below its length.
+  std::uint64_t memo_index(std::uint64_t index, std::size_t op_at) const {
+    if (index >= size_) {
+      throw std::runtime_error("memo index " + std::to_string(index) + " at byte " + std::to_string(op_at) +
+                               " is larger than a pickle of " + std::to_string(size_) +
+                               " bytes can use (a forged file: the unpickler would allocate that many entries)");
+    }
+    return index;
   }
 
   std::size_t skip_line(std::size_t at) const {
