@@ -15,7 +15,7 @@ namespace {
 
 void release_shared(void* context) { delete static_cast<std::shared_ptr<at::DataPtr>*>(context); }
 
-std::string shape_text(const at::Tensor& tensor) {
+std::string view_text(const at::Tensor& tensor) {
   std::string text = "sizes [";
   for (int64_t d = 0; d < tensor.dim(); ++d) text += (d ? ", " : "") + std::to_string(tensor.sizes()[static_cast<std::size_t>(d)]);
   text += "], strides [";
@@ -72,7 +72,7 @@ void tensor_records::check_views(c10::IValue& value, const std::string& path) co
     const int64_t extent = view_extent(tensor);
     const int64_t elements = static_cast<int64_t>(storage.nbytes() / tensor.element_size());
     if (extent < 0 || extent > elements) {
-      refusal = "the tensor at " + place + " (" + shape_text(tensor) + ") reaches past its storage of " +
+      refusal = "the tensor at " + place + " (" + view_text(tensor) + ") reaches past its storage of " +
                 std::to_string(elements) + " elements (a forged or damaged file)";
     }
   };

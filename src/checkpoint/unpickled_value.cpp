@@ -10,7 +10,7 @@ namespace {
 
 bool is_container(const c10::IValue& value) { return value.isList() || value.isGenericDict() || value.isTuple(); }
 
-std::string key_text(const c10::IValue& key) {
+std::string place_key(const c10::IValue& key) {
   if (key.isString()) return "'" + key.toStringRef() + "'";
   if (key.isInt()) return std::to_string(key.toInt());
   return "(key)";
@@ -55,7 +55,7 @@ std::optional<std::string> walk_unpickled(const c10::IValue& root,
     const int inner = current.depth + 1;
     if (value.isGenericDict()) {
       for (const auto& entry : value.toGenericDict()) {
-        const std::string key = key_text(entry.key());
+        const std::string key = place_key(entry.key());
         pending.push_back({&entry.value(), current.place.empty() ? key : current.place + "[" + key + "]", inner, false});
       }
     } else if (value.isList()) {
