@@ -591,6 +591,23 @@ TEST_CASE("a checkpoint directory's files are read only as regular files inside 
 }
 
 namespace {
+// A torch archive of this pickle and its tensors' records (data/0, ...), laid
+// out as loom writes one.
+std::vector<char> archive_of_pickle(const std::string& pickle, const std::vector<at::Tensor>& storages = {}) {
+  std::vector<char> archive;
+  caffe2::serialize::PyTorchStreamWriter writer([&archive](const void* data, size_t size) {
+    archive.insert(archive.end(), static_cast<const char*>(data), static_cast<const char*>(data) + size);
+    return size;
+  });
+  writer.writeRecord("data.pkl", pickle.data(), pickle.size());
+  for (std::size_t i = 0; i < storages.size(); ++i) {
+    const auto data = torch::jit::getWriteableTensorData(storages[i]);
+    writer.writeRecord("data/" + std::to_string(i), data.data(), data.sizeInBytes());
+  }
+  writer.writeEndOfFile();
+  return archive;
+}
+
 // A torch archive of {"w": tensor} as loom writes one, its pickle edited by
 // `forge` first (the records stay as they are, their CRCs right).
 std::vector<char> forged_archive(const at::Tensor& tensor, const std::function<void(std::string&)>& forge) {
@@ -603,30 +620,7 @@ std::vector<char> forged_archive(const at::Tensor& tensor, const std::function<v
   pickler.pushIValue(dict);
   pickler.stop();
   forge(pickle);
-  std::vector<char> archive;
-  caffe2::serialize::PyTorchStreamWriter writer([&archive](const void* data, size_t size) {
-    archive.insert(archive.end(), static_cast<const char*>(data), static_cast<const char*>(data) + size);
-    return size;
-  });
-  writer.writeRecord("data.pkl", pickle.data(), pickle.size());
-  for (std::size_t i = 0; i < pickler.tensorData().size(); ++i) {
-    const auto data = torch::jit::getWriteableTensorData(pickler.tensorData()[i]);
-    writer.writeRecord("data/" + std::to_string(i), data.data(), data.sizeInBytes());
-  }
-  writer.writeEndOfFile();
-  return archive;
-}
-
-// A torch archive holding only this pickle (no tensor records).
-std::vector<char> archive_of_pickle(const std::string& pickle) {
-  std::vector<char> archive;
-  caffe2::serialize::PyTorchStreamWriter writer([&archive](const void* data, size_t size) {
-    archive.insert(archive.end(), static_cast<const char*>(data), static_cast<const char*>(data) + size);
-    return size;
-  });
-  writer.writeRecord("data.pkl", pickle.data(), pickle.size());
-  writer.writeEndOfFile();
-  return archive;
+  return archive_of_pickle(pickle, pickler.tensorData());
 }
 
 void replace_once(std::string& text, const std::string& from, const std::string& to) {
