@@ -5,6 +5,7 @@
 
 #include "catch.hpp"
 #include "../src/checkpoint/torch_archive.hpp"
+#include "../src/checkpoint/unpickled_value.hpp"
 #include "../src/util/outside_files.hpp"
 
 #include <caffe2/serialize/inline_container.h>
@@ -623,6 +624,12 @@ std::vector<char> forged_archive(const at::Tensor& tensor, const std::function<v
   return archive_of_pickle(pickle, pickler.tensorData());
 }
 
+// The bytes of a string literal, NULs included.
+template <std::size_t N>
+std::string pickle_bytes(const char (&literal)[N]) {
+  return std::string(literal, N - 1);
+}
+
 void replace_once(std::string& text, const std::string& from, const std::string& to) {
   std::string shown;  // the pickle, printable, when the edit does not apply
   for (const char c : text) {
@@ -660,6 +667,14 @@ TEST_CASE("a tensor that reaches past its record is refused before anything read
   CHECK_THROWS_WITH(loom::detail::read_torch_archive(wider, "wider.pt"),
                     Catch::Contains("the tensor at 'w' (sizes [2, 9], strides [3, 1], offset 0) reaches past its "
                                     "storage of 6 elements"));
+  // A tensor of 10^12 elements over the same 6: refused, nothing allocated for it.
+  const auto huge = forged_archive(tensor, [](std::string& pickle) {
+    replace_once(pickle, pickle_bytes("(K\x02K\x03t(K\x03K\x01t"),
+                 pickle_bytes("(J\x40\x42\x0f\x00J\x40\x42\x0f\x00t(J\x40\x42\x0f\x00K\x01t"));
+  });
+  CHECK_THROWS_WITH(loom::detail::read_torch_archive(huge, "huge.pt"),
+                    Catch::Contains("(sizes [1000000, 1000000], strides [1000000, 1], offset 0) reaches past its "
+                                    "storage of 6 elements"));
   // An offset that starts past the end.
   const auto shifted = forged_archive(tensor, [](std::string& pickle) {
     replace_once(pickle, std::string("K\x00(K\x02", 5), std::string("K\x05(K\x02", 5));
@@ -668,30 +683,105 @@ TEST_CASE("a tensor that reaches past its record is refused before anything read
 }
 
 // A pickle's containers 10^5 deep (LibTorch's IValue destructor recurses:
-// destroying that overflows the stack), or a list that contains itself
-// (any recursive walk never ends): refused, and taken apart flat.
-TEST_CASE("unpickled values nested without bound or containing themselves are refused", "[checkpoint]") {
+// destroying that overflows the stack), a list that contains itself (any
+// recursive walk never ends), a small memo graph that decodes to 10^8
+// values: each refused by loom's walk of the opcodes, before LibTorch's
+// unpickler runs.
+TEST_CASE("pickles nested without bound, containing themselves or amplified are refused before unpickling",
+          "[checkpoint]") {
+  const auto refusal_of = [](const std::string& pickle) {
+    try {
+      loom::detail::read_torch_archive(archive_of_pickle(pickle), "forged.pt");
+    } catch (const loom::checkpoint_error& error) {
+      return std::string(error.what());
+    }
+    return std::string("no error");
+  };
   constexpr std::size_t depth = 100000;
-  const std::string deep = std::string("\x80\x02", 2) + std::string(depth, ']') + std::string(depth - 1, 'a') + ".";
-  CHECK_THROWS_WITH(loom::detail::read_torch_archive(archive_of_pickle(deep), "deep.pt"),
-                    Catch::Contains("checkpoint deep.pt: containers nest deeper than 1000 levels"));
+  const std::string deep = pickle_bytes("\x80\x02") + std::string(depth, ']') + std::string(depth - 1, 'a') + ".";
+  CHECK_THAT(refusal_of(deep), Catch::Contains("checkpoint forged.pt: record data.pkl cannot be decoded: the pickle "
+                                               "nests containers deeper than 1000 levels (at byte "));
+  // Tuples 10^5 deep: MARKs open without bound.
+  const std::string marks = pickle_bytes("\x80\x02") + std::string(depth, '(') + std::string(depth, 't') + ".";
+  CHECK_THAT(refusal_of(marks), Catch::Contains("opens more than 1000 MARKs"));
   // EMPTY_LIST, BINPUT 0, BINGET 0, APPEND: l = []; l.append(l)
-  const std::string cycle = std::string("\x80\x02]q\x00h\x00" "a.", 9);
-  CHECK_THROWS_WITH(loom::detail::read_torch_archive(archive_of_pickle(cycle), "cycle.pt"),
-                    Catch::Contains("checkpoint cycle.pt: the container at [0] contains itself"));
+  const std::string cycle = pickle_bytes("\x80\x02]q\x00h\x00" "a.");
+  CHECK_THAT(refusal_of(cycle), Catch::Contains("the pickle changes a container after it fetched it again (from the "
+                                                "memo or by DUP)"));
+  // The same by DUP: l = []; then l appended to the copy of itself.
+  const std::string dup = pickle_bytes("\x80\x02]2a.");
+  CHECK_THAT(refusal_of(dup), Catch::Contains("changes a container after it fetched it again"));
   // A memo index LibTorch would grow its table to (2^31 entries, 32 GiB).
-  const std::string memo = std::string("\x80\x02]r\xff\xff\xff\x7f.", 9);
-  CHECK_THROWS_WITH(loom::detail::read_torch_archive(archive_of_pickle(memo), "memo.pt"),
-                    Catch::Contains("memo index 2147483647 at byte 3 is larger than a pickle of 9 bytes can use"));
+  const std::string memo = pickle_bytes("\x80\x02]r\xff\xff\xff\x7f.");
+  CHECK_THAT(refusal_of(memo), Catch::Contains("has memo index 2147483647, larger than a pickle of 9 bytes can use"));
+  // A memo entry fetched that was never stored.
+  CHECK_THAT(refusal_of(pickle_bytes("\x80\x02h\x05.")), Catch::Contains("fetches memo entry 5, which it never stored"));
   // A string whose 8-byte length, 2^64 - 11, would wrap the walker's
   // position back to byte 0: it would walk the pickle forever.
-  const std::string wrap = std::string("\x80\x02\x8d\xf5\xff\xff\xff\xff\xff\xff\xff.", 12);
-  CHECK_THROWS_WITH(loom::detail::read_torch_archive(archive_of_pickle(wrap), "wrap.pt"),
-                    Catch::Contains("the pickle ends inside an opcode's argument"));
+  const std::string wrap = pickle_bytes("\x80\x02\x8d\xf5\xff\xff\xff\xff\xff\xff\xff.");
+  CHECK_THAT(refusal_of(wrap), Catch::Contains("the pickle ends inside an opcode's argument"));
+  // l = [1] * 10^4 memoized, then [l] * 10^4: 40 kB that decode to 10^8 values.
+  std::string graph = pickle_bytes("\x80\x02]q\x00(");
+  for (int i = 0; i < 10000; ++i) graph += pickle_bytes("K\x01");
+  graph += "e0](";
+  for (int i = 0; i < 10000; ++i) graph += pickle_bytes("h\x00");
+  graph += "e.";
+  CHECK_THAT(refusal_of(graph), Catch::Contains("decodes to more than ") && Catch::Contains("16 per byte of a 40012-byte pickle"));
+  // SETITEMS over an odd number of items: LibTorch's would read one past its stack.
+  CHECK_THAT(refusal_of(pickle_bytes("\x80\x02}(K\x01u.")),
+             Catch::Contains("gives a dict an odd number of items (1) after its MARK"));
   // A list shared twice is not a cycle: [l, l] with l = [1].
-  const std::string shared = std::string("\x80\x02](]q\x00K\x01" "ah\x00" "e.", 14);
+  const std::string shared = pickle_bytes("\x80\x02](]q\x00K\x01" "ah\x00" "e.");
   const auto both = loom::detail::read_torch_archive(archive_of_pickle(shared), "shared.pt");
   CHECK(both.toListRef().size() == 2);
+}
+
+// The walk of the unpickled value stays as a second line behind the
+// pickle's walk: a value that contains itself is refused and taken apart.
+TEST_CASE("an unpickled value that contains itself is refused and taken apart", "[checkpoint]") {
+  c10::impl::GenericList list(c10::AnyType::get());
+  list.push_back(c10::IValue(1));
+  list.push_back(c10::IValue(list));
+  const auto refusal = loom::detail::walk_unpickled(c10::IValue(list), [](const c10::IValue&, const std::string&) {});
+  REQUIRE(refusal.has_value());
+  CHECK_THAT(*refusal, Catch::Contains("the container at [1] contains itself"));
+  loom::detail::dismantle(c10::IValue(list));
+  CHECK(list.empty());
+}
+
+// A forged pickle cannot run code: loom resolves only the globals a
+// checkpoint needs, and names any other with the list it accepts.
+TEST_CASE("a pickle naming a global loom does not resolve is refused with the list it accepts", "[checkpoint]") {
+  const auto refusal_of = [](const std::string& pickle) {
+    try {
+      loom::detail::read_torch_archive(archive_of_pickle(pickle), "malicious.pt");
+    } catch (const loom::checkpoint_error& error) {
+      return std::string(error.what());
+    }
+    return std::string("no error");
+  };
+  // os.system("ls") by GLOBAL and REDUCE (protocol 2, what torch.save writes).
+  const std::string system = pickle_bytes("\x80\x02" "cos\nsystem\nq\x00X\x02\x00\x00\x00lsq\x01\x85q\x02Rq\x03.");
+  CHECK_THAT(refusal_of(system),
+             Catch::Contains("checkpoint malicious.pt: record data.pkl cannot be decoded: the pickle names the global "
+                             "os.system, which loom does not resolve") &&
+                 Catch::Contains("loom resolves only torch._utils._rebuild_tensor_v2") && Catch::Contains("(at byte 2)"));
+  // builtins.eval("1+1") by STACK_GLOBAL (protocol 4), the names memoized.
+  const std::string eval = pickle_bytes("\x80\x04\x8c\x08" "builtins\x94\x8c\x04" "eval\x94\x93\x94\x8c\x03" "1+1\x85R.");
+  CHECK_THAT(refusal_of(eval), Catch::Contains("names the global builtins.eval, which loom does not resolve"));
+  // The same names fetched back from the memo.
+  const std::string fetched = pickle_bytes("\x80\x04\x8c\x08" "builtins\x94\x8c\x04" "eval\x94" "0h\x00h\x01\x93.");
+  CHECK_THAT(refusal_of(fetched), Catch::Contains("names the global builtins.eval"));
+  // INST (protocol 0): MARK, args, INST os system.
+  const std::string inst = pickle_bytes("(X\x02\x00\x00\x00lsios\nsystem\n.");
+  CHECK_THAT(refusal_of(inst), Catch::Contains("names the global os.system"));
+  // A global from copyreg's extension registry.
+  CHECK_THAT(refusal_of(pickle_bytes("\x80\x02\x82\x01.")), Catch::Contains("extension registry (EXT1)"));
+  // A global named by a value that is not a string.
+  CHECK_THAT(refusal_of(pickle_bytes("\x80\x04K\x01K\x02\x93.")), Catch::Contains("by a value that is not a string"));
+  // A name close to an accepted one.
+  const std::string near = pickle_bytes("\x80\x02" "ctorch._utils\n_rebuild_tensor_v3\n.");
+  CHECK_THAT(refusal_of(near), Catch::Contains("names the global torch._utils._rebuild_tensor_v3"));
 }
 
 TEST_CASE("a failed save leaves the previous checkpoint and no temporary file", "[checkpoint]") {

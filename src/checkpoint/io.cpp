@@ -27,7 +27,6 @@
 
 namespace loom {
 namespace fs = std::filesystem;
-using detail::crc32_of;
 using detail::fail_checkpoint;
 using detail::little_endian;
 using detail::metadata_key;
@@ -231,12 +230,10 @@ c10::IValue read_format_1(const std::vector<char>& bytes, const std::string& pat
     fail_checkpoint(path, "is truncated or padded: the header declares " + std::to_string(length) + " payload bytes, the file has " +
                    std::to_string(bytes.size() - header_size));
   }
-  if (crc32_of(bytes.data() + header_size, length) != crc) fail_checkpoint(path, "is corrupted (CRC32 mismatch)");
-  try {
-    return torch::pickle_load(std::vector<char>(bytes.begin() + header_size, bytes.end()));
-  } catch (const std::exception& error) {
-    fail_checkpoint(path, std::string("cannot be decoded: ") + error.what());
-  }
+  if (!detail::crc_matches(bytes.data() + header_size, length, crc)) fail_checkpoint(path, "is corrupted (CRC32 mismatch)");
+  // The payload is a torch::pickle_save archive: the same zip and pickle as
+  // format 2, so the same checks (LibTorch's pickle_load would make none).
+  return detail::read_torch_archive(std::vector<char>(bytes.begin() + header_size, bytes.end()), path);
 }
 
 }  // namespace

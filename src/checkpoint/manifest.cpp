@@ -98,7 +98,7 @@ std::vector<std::pair<std::string, checkpoint_contents>> read_listed(const confi
       fail_checkpoint(file_path, "has " + std::to_string(bytes.size()) + " bytes, " + index_name + " says " +
                                      std::to_string(file.at("bytes").toInt()) + " (torn or replaced); nothing was changed");
     }
-    if (crc32_of(bytes.data(), bytes.size()) != static_cast<std::uint32_t>(file.at("crc32").toInt())) {
+    if (!crc_matches(bytes.data(), bytes.size(), static_cast<std::uint32_t>(file.at("crc32").toInt()))) {
       fail_checkpoint(file_path, "does not match the CRC32 " + index_name + " recorded (corrupted); nothing was changed");
     }
     files.emplace_back(file_path, std::move(bytes));

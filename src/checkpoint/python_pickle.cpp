@@ -1,56 +1,102 @@
-// Rewrites Python pickles for LibTorch 1.13's unpickler: a walk over the
-// opcodes that simulates the stack, keeping for each item the offset where
-// the opcodes that built it start, so MARK can be inserted there.
+// The pickle pre-validator and rewriter (python_pickle.hpp): a walk over the
+// opcodes that simulates the stack. Each stack item keeps the offset where
+// the opcodes that built it start (so MARK can be inserted there) and, for
+// a value built of others, an entry that counts what it holds and how deep.
 #include "python_pickle.hpp"
 #include "file_bytes.hpp"
 
-#include <cstdint>
+#include <algorithm>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 
 namespace loom::detail {
+
+const char* const resolved_globals_text =
+    "torch._utils._rebuild_tensor_v2, the storage types torch.{Float,Double,Half,BFloat16,Long,Int,Short,Char,Byte,"
+    "Bool,ComplexFloat,ComplexDouble}Storage, collections.OrderedDict, and LibTorch's own "
+    "torch.jit._pickle.{build_intlist,build_doublelist,build_boollist,build_tensorlist,restore_type_tag}";
+
 namespace {
 
-enum class tag : std::uint8_t { none, mark, ordered_dict_class, ordered_dict, string_collections, string_ordered_dict };
+bool is_resolved_global(std::string_view module, std::string_view name) {
+  if (module == "torch._utils") return name == "_rebuild_tensor_v2";
+  if (module == "collections") return name == "OrderedDict";
+  if (module == "torch") {
+    static constexpr std::string_view storages[] = {"FloatStorage", "DoubleStorage", "HalfStorage", "BFloat16Storage",
+                                                    "LongStorage", "IntStorage", "ShortStorage", "CharStorage",
+                                                    "ByteStorage", "BoolStorage", "ComplexFloatStorage",
+                                                    "ComplexDoubleStorage"};
+    return std::find(std::begin(storages), std::end(storages), name) != std::end(storages);
+  }
+  if (module == "torch.jit._pickle") {
+    return name == "build_intlist" || name == "build_doublelist" || name == "build_boollist" ||
+           name == "build_tensorlist" || name == "restore_type_tag";
+  }
+  return false;
+}
+
+enum class tag : std::uint8_t { none, mark, text, ordered_dict_class, ordered_dict };
+
+constexpr std::uint32_t no_entry = 0xFFFFFFFFU;
 
 struct item {
-  std::size_t start;
+  std::uint32_t start;             // offset of the first opcode that built it (pickles are < 4 GiB)
+  std::uint32_t built = no_entry;  // its entry in walker::built_, for a value built of others
+  std::uint32_t text_at = 0;       // a text's opcode (a memo fetch of it starts elsewhere)
   tag kind = tag::none;
 };
 
+// A container or a call's result.
+struct built_value {
+  std::uint64_t values;  // the values under it and itself, a shared one counted each time it is used
+  std::uint32_t depth;   // containers on the longest path down, itself included
+  bool fetched_again;    // taken from the memo or DUPed: it may not change any more
+};
+
+std::uint64_t saturating_sum(std::uint64_t a, std::uint64_t b) {
+  std::uint64_t sum = 0;
+  return __builtin_add_overflow(a, b, &sum) ? UINT64_MAX : sum;
+}
+
 class walker {
  public:
-  explicit walker(const std::vector<char>& pickle) : data_(pickle.data()), size_(pickle.size()) {}
+  explicit walker(const std::vector<char>& pickle)
+      : data_(pickle.data()),
+        size_(pickle.size()),
+        value_budget_(saturating_sum(pickle_amplification_limit * pickle.size(), 4096)) {
+    if (size_ >= no_entry) throw std::runtime_error("the pickle is 4 GiB or larger; a checkpoint's is far smaller");
+  }
 
   pickle_fixup run() {
     pickle_fixup result;
     std::size_t at = 0;
     bool stopped = false;
     while (at < size_ && !stopped) {
-      const std::size_t op_at = at;
+      const auto op_at = static_cast<std::uint32_t>(at);
       const auto op = static_cast<unsigned char>(data_[at++]);
       switch (op) {
-        // ------------------------------------------------ push one item, no argument
-        case 'N': case 0x88: case 0x89: case '}': case ']': case ')': case 0x8f:
-          push(op_at);
-          break;
+        // ------------------------------------------------ push one value, no argument
+        case 'N': case 0x88: case 0x89: push(op_at); break;                      // NONE NEWTRUE NEWFALSE
+        case '}': case ']': case ')': case 0x8f: push_built(op_at, 1, 1); break;  // empty dict list tuple set
         // ------------------------------------------------ push, fixed-size argument
-        case 'K': at += 1; push(op_at); break;                       // BININT1
-        case 'M': at += 2; push(op_at); break;                       // BININT2
-        case 'J': at += 4; push(op_at); break;                       // BININT
-        case 'G': at += 8; push(op_at); break;                       // BINFLOAT
-        case 0x82: at += 1; push(op_at); break;                      // EXT1
-        case 0x83: at += 2; push(op_at); break;                      // EXT2
-        case 0x84: at += 4; push(op_at); break;                      // EXT4
-        case 'h': at += 1; push_memo(op_at, little_endian(need(at - 1, 1), 1)); break;  // BINGET
-        case 'j': at += 4; push_memo(op_at, little_endian(need(at - 4, 4), 4)); break;  // LONG_BINGET
+        case 'K': at = push_after(at, 1, op_at); break;  // BININT1
+        case 'M': at = push_after(at, 2, op_at); break;  // BININT2
+        case 'J': at = push_after(at, 4, op_at); break;  // BININT
+        case 'G': at = push_after(at, 8, op_at); break;  // BINFLOAT
+        case 0x82: case 0x83: case 0x84:                 // EXT1 EXT2 EXT4
+          fail("names a global through copyreg's extension registry (EXT" + std::to_string(op == 0x84 ? 4 : op - 0x81) +
+                   "), which loom does not resolve",
+               op_at);
+        case 'h': at = push_memo(at, 1, op_at); break;  // BINGET
+        case 'j': at = push_memo(at, 4, op_at); break;  // LONG_BINGET
         // ------------------------------------------------ push, length-prefixed argument
-        case 'U': case 'C': case 0x8a: at = skip_counted(at, 1, op_at, op == 0x8a ? false : true); break;
-        case 'T': case 'B': case 0x8b: case 'X': at = skip_counted(at, 4, op_at, op == 'X'); break;
-        case 0x8c: at = skip_counted(at, 1, op_at, true); break;      // SHORT_BINUNICODE
+        case 'U': case 'C': case 0x8a: at = skip_counted(at, 1, op_at, op == 'U'); break;
+        case 'T': case 'B': case 0x8b: case 'X': at = skip_counted(at, 4, op_at, op == 'X' || op == 'T'); break;
+        case 0x8c: at = skip_counted(at, 1, op_at, true); break;  // SHORT_BINUNICODE
         case 0x8d: case 0x8e: case 0x96: at = skip_counted(at, 8, op_at, op == 0x8d); break;
         // ------------------------------------------------ push, newline-terminated argument
         case 'I': case 'L': case 'F': case 'S': case 'V': case 'P':
@@ -59,99 +105,139 @@ class walker {
           break;
         case 'g': {  // GET
           const std::size_t end = skip_line(at);
-          push_memo(op_at, std::stoull(std::string(data_ + at, end - at - 1)));
+          push_memo_entry(op_at, decimal(at, end - 1, op_at));
           at = end;
           break;
         }
         case 'c': {  // GLOBAL module\nname\n
           const std::size_t module_end = skip_line(at);
           const std::size_t name_end = skip_line(module_end);
-          const std::string_view module(data_ + at, module_end - at - 1);
-          const std::string_view name(data_ + module_end, name_end - module_end - 1);
-          push(op_at, module == "collections" && name == "OrderedDict" ? tag::ordered_dict_class : tag::none);
+          push(op_at, global_kind(text(at, module_end - 1), text(module_end, name_end - 1), op_at));
           at = name_end;
           break;
         }
-        // ------------------------------------------------ memo writes: no stack change
-        case 'q': at += 1; memo_[memo_index(little_endian(need(at - 1, 1), 1), op_at)] = top().kind; break;  // BINPUT
-        case 'r': at += 4; memo_[memo_index(little_endian(need(at - 4, 4), 4), op_at)] = top().kind; break;  // LONG_BINPUT
-        case 'p': {  // PUT
-          const std::size_t end = skip_line(at);
-          memo_[memo_index(std::stoull(std::string(data_ + at, end - at - 1)), op_at)] = top().kind;
-          at = end;
-          break;
-        }
-        case 0x94: memo_[memo_index(memo_count_++, op_at)] = top().kind; break;  // MEMOIZE
-        // ------------------------------------------------ structure
-        case '(': stack_.push_back({op_at, tag::mark}); break;  // MARK
-        case '0': pop(); break;                                  // POP
-        case '1': pop_to_mark(); break;                          // POP_MARK
-        case '2': push(op_at, top().kind); break;                // DUP
-        case 'R': {  // REDUCE: callable, args -> result
-          pop();
-          const item callable = pop();
-          push(callable.start, callable.kind == tag::ordered_dict_class ? tag::ordered_dict : tag::none);
-          break;
-        }
-        case 0x81: { pop(); const item cls = pop(); push(cls.start); break; }  // NEWOBJ
-        case 0x92: { pop(); pop(); const item cls = pop(); push(cls.start); break; }  // NEWOBJ_EX
         case 0x93: {  // STACK_GLOBAL: module, name -> global
           const item name = pop();
           const item module = pop();
-          const bool ordered = module.kind == tag::string_collections && name.kind == tag::string_ordered_dict;
-          push(module.start, ordered ? tag::ordered_dict_class : tag::none);
+          if (module.kind != tag::text || name.kind != tag::text) fail("names a global by a value that is not a string", op_at);
+          push(module.start, global_kind(text_of(module), text_of(name), op_at));
           break;
         }
-        case 'Q': { const item pid = pop(); push(pid.start); break; }  // BINPERSID
+        // ------------------------------------------------ memo writes: no stack change
+        case 'q': at = memo_put_counted(at, 1, op_at); break;  // BINPUT
+        case 'r': at = memo_put_counted(at, 4, op_at); break;  // LONG_BINPUT
+        case 'p': {                                             // PUT
+          const std::size_t end = skip_line(at);
+          memo_put(decimal(at, end - 1, op_at), op_at);
+          at = end;
+          break;
+        }
+        case 0x94: memo_put(memo_count_++, op_at); break;  // MEMOIZE
+        // ------------------------------------------------ structure
+        case '(':  // MARK
+          if (marks_.size() >= static_cast<std::size_t>(pickle_depth_limit)) {
+            fail("opens more than " + std::to_string(pickle_depth_limit) + " MARKs: containers nest deeper than " +
+                     std::to_string(pickle_depth_limit) + " levels",
+                 op_at);
+          }
+          marks_.push_back(stack_.size());
+          stack_.push_back({op_at, no_entry, 0, tag::mark});
+          break;
+        case '0': pop(); break;                      // POP
+        case '1': pop_to_mark(); break;              // POP_MARK
+        case '2': {                                  // DUP
+          const item copy = top();
+          if (copy.kind == tag::mark) fail("DUPs a MARK", op_at);
+          fetched_again(copy);
+          stack_.push_back(copy);
+          break;
+        }
+        case 'R': {  // REDUCE: callable, args -> result
+          const item args = pop();
+          const item callable = pop();
+          combine(callable.start, {callable, args}, callable.kind == tag::ordered_dict_class ? tag::ordered_dict : tag::none);
+          break;
+        }
+        case 0x81: { const item args = pop(); const item cls = pop(); combine(cls.start, {cls, args}); break; }  // NEWOBJ
+        case 0x92: {  // NEWOBJ_EX
+          const item kwargs = pop();
+          const item args = pop();
+          const item cls = pop();
+          combine(cls.start, {cls, args, kwargs});
+          break;
+        }
+        case 'Q': { const item pid = pop(); combine(pid.start, {pid}); break; }  // BINPERSID
         case 'b': {  // BUILD: object, state -> object
-          pop();
+          const item state = pop();
+          grow(top(), {state}, op_at);
           if (top().kind == tag::ordered_dict) result.has_ordered_dict = true;
           break;
         }
         case 't': case 'l': case 'd': case 0x91: case 'o': {  // TUPLE LIST DICT FROZENSET OBJ
-          const std::size_t mark = pop_to_mark();
-          push(mark);
+          const std::size_t mark = marks_.empty() ? stack_.size() : marks_.back();
+          if (op == 'd') even_above(mark, op_at);
+          const std::uint64_t values = values_above(mark);
+          const std::uint32_t depth = depth_above(mark);
+          const std::uint32_t start = pop_to_mark();
+          push_built(start, saturating_sum(values, 1), depth + 1);
           break;
         }
         case 'i': {  // INST module\nname\n
-          at = skip_line(skip_line(at));
-          const std::size_t mark = pop_to_mark();
-          push(mark);
+          const std::size_t module_end = skip_line(at);
+          const std::size_t name_end = skip_line(module_end);
+          global_kind(text(at, module_end - 1), text(module_end, name_end - 1), op_at);
+          at = name_end;
+          const std::size_t mark = marks_.empty() ? stack_.size() : marks_.back();
+          const std::uint64_t values = values_above(mark);
+          const std::uint32_t depth = depth_above(mark);
+          push_built(pop_to_mark(), saturating_sum(values, 1), depth + 1);
           break;
         }
-        case 0x85: { const item a = pop(); push(a.start); break; }                           // TUPLE1
-        case 0x86: { pop(); const item a = pop(); push(a.start); break; }                    // TUPLE2
-        case 0x87: { pop(); pop(); const item a = pop(); push(a.start); break; }             // TUPLE3
-        case 'e': case 0x90: pop_to_mark(); break;  // APPENDS ADDITEMS
-        case 'u':                                   // SETITEMS
-          pop_to_mark();
-          if (top().kind == tag::ordered_dict) result.has_ordered_dict = true;
+        case 0x85: { const item a = pop(); combine(a.start, {a}); break; }  // TUPLE1
+        case 0x86: { const item b = pop(); const item a = pop(); combine(a.start, {a, b}); break; }  // TUPLE2
+        case 0x87: {  // TUPLE3
+          const item c = pop();
+          const item b = pop();
+          const item a = pop();
+          combine(a.start, {a, b, c});
           break;
+        }
+        case 'e': case 0x90: case 'u': {  // APPENDS ADDITEMS SETITEMS
+          const std::size_t mark = marks_.empty() ? stack_.size() : marks_.back();
+          if (op == 'u') even_above(mark, op_at);
+          const std::uint64_t values = values_above(mark);
+          const std::uint32_t depth = depth_above(mark);
+          pop_to_mark();
+          grow_by(top(), values, depth, op_at);
+          if (op == 'u' && top().kind == tag::ordered_dict) result.has_ordered_dict = true;
+          break;
+        }
         case 'a': {  // APPEND: list, value -> list
           const item value = pop();
+          grow(top(), {value}, op_at);
           ++marks_before_[value.start];
           replace_[op_at] = 'e';
           break;
         }
         case 's': {  // SETITEM: dict, key, value -> dict
-          pop();
+          const item value = pop();
           const item key = pop();
+          grow(top(), {key, value}, op_at);
           ++marks_before_[key.start];
           replace_[op_at] = 'u';
           if (top().kind == tag::ordered_dict) result.has_ordered_dict = true;
           break;
         }
         case 0x80:  // PROTO
+          result.protocol = static_cast<int>(static_cast<unsigned char>(*need(at, 1)));
           at += 1;
-          result.protocol = static_cast<int>(static_cast<unsigned char>(*need(at - 1, 1)));
           break;
-        case 0x95: at += 8; dropped_[op_at] = 9; break;  // FRAME: dropped
-        case 0x97: case 0x98: break;                     // NEXT_BUFFER READONLY_BUFFER (protocol 5)
-        case '.': stopped = true; break;                 // STOP
+        case 0x95: need(at, 8); at += 8; dropped_[op_at] = 9; break;  // FRAME: dropped
+        case 0x97: case 0x98: break;                                   // NEXT_BUFFER READONLY_BUFFER (protocol 5)
+        case '.': stopped = true; break;                               // STOP
         default:
-          throw std::runtime_error("unknown pickle opcode 0x" + hex(op) + " at byte " + std::to_string(op_at));
+          fail("has the unknown opcode 0x" + hex(op), op_at);
       }
-      if (at > size_) throw std::runtime_error("the pickle ends inside an opcode's argument");
     }
     if (!stopped) throw std::runtime_error("the pickle has no STOP opcode (truncated)");
     result.pickle = rewrite(at);
@@ -159,6 +245,10 @@ class walker {
   }
 
  private:
+  [[noreturn]] static void fail(const std::string& what, std::uint32_t op_at) {
+    throw std::runtime_error("the pickle " + what + " (at byte " + std::to_string(op_at) + ")");
+  }
+
   static std::string hex(unsigned value) {
     static const char digits[] = "0123456789abcdef";
     return {digits[(value >> 4) & 0xF], digits[value & 0xF]};
@@ -170,14 +260,45 @@ class walker {
     return data_ + at;
   }
 
+  std::string_view text(std::size_t from, std::size_t to) const { return {data_ + from, to - from}; }
+
+  // A length-prefixed text's characters, found again from its opcode.
+  std::string_view text_of(const item& string) const {
+    const std::size_t at = string.text_at;
+    const auto op = static_cast<unsigned char>(data_[at]);
+    const int length_bytes = op == 0x8c ? 1 : op == 0x8d ? 8 : 4;
+    const std::uint64_t length = little_endian(data_ + at + 1, length_bytes);
+    return {data_ + at + 1 + length_bytes, static_cast<std::size_t>(length)};
+  }
+
+  tag global_kind(std::string_view module, std::string_view name, std::uint32_t op_at) const {
+    if (!is_resolved_global(module, name)) {
+      fail("names the global " + std::string(module) + "." + std::string(name) +
+               ", which loom does not resolve: a checkpoint holds tensors, numbers, strings, lists, tuples and dicts, "
+               "and loom resolves only " + resolved_globals_text,
+           op_at);
+    }
+    return module == "collections" ? tag::ordered_dict_class : tag::none;
+  }
+
+  std::uint64_t decimal(std::size_t from, std::size_t to, std::uint32_t op_at) const {
+    if (from == to || to - from > 19) fail("has a memo index that is not a decimal number", op_at);
+    std::uint64_t value = 0;
+    for (std::size_t i = from; i < to; ++i) {
+      if (data_[i] < '0' || data_[i] > '9') fail("has a memo index that is not a decimal number", op_at);
+      value = value * 10 + static_cast<std::uint64_t>(data_[i] - '0');
+    }
+    return value;
+  }
+
   // LibTorch's unpickler grows its memo table to the index a PUT names: a
   // forged index of 2^32 would allocate 64 GiB. An honest pickle numbers
   // its memo entries from 0, so an index is always below its length.
-  std::uint64_t memo_index(std::uint64_t index, std::size_t op_at) const {
+  std::uint64_t memo_index(std::uint64_t index, std::uint32_t op_at) const {
     if (index >= size_) {
-      throw std::runtime_error("memo index " + std::to_string(index) + " at byte " + std::to_string(op_at) +
-                               " is larger than a pickle of " + std::to_string(size_) +
-                               " bytes can use (a forged file: the unpickler would allocate that many entries)");
+      fail("has memo index " + std::to_string(index) + ", larger than a pickle of " + std::to_string(size_) +
+               " bytes can use (a forged file: the unpickler would allocate that many entries)",
+           op_at);
     }
     return index;
   }
@@ -188,27 +309,123 @@ class walker {
     return static_cast<std::size_t>(static_cast<const char*>(newline) - data_) + 1;
   }
 
-  // A length-prefixed argument; strings are remembered when they spell
-  // "collections" or "OrderedDict" (protocol 4's STACK_GLOBAL arguments).
-  std::size_t skip_counted(std::size_t at, int length_bytes, std::size_t op_at, bool is_text) {
+  std::size_t push_after(std::size_t at, std::uint64_t argument_bytes, std::uint32_t op_at) {
+    need(at, argument_bytes);
+    push(op_at);
+    return at + argument_bytes;
+  }
+
+  std::size_t skip_counted(std::size_t at, int length_bytes, std::uint32_t op_at, bool is_text) {
     const std::uint64_t length = little_endian(need(at, static_cast<std::size_t>(length_bytes)), length_bytes);
     at += static_cast<std::size_t>(length_bytes);
     need(at, length);
-    tag kind = tag::none;
-    if (is_text) {
-      const std::string_view text(data_ + at, length);
-      if (text == "collections") kind = tag::string_collections;
-      else if (text == "OrderedDict") kind = tag::string_ordered_dict;
-    }
-    push(op_at, kind);
+    stack_.push_back({op_at, no_entry, op_at, is_text ? tag::text : tag::none});
     return at + length;
   }
 
-  void push(std::size_t start, tag kind = tag::none) { stack_.push_back({start, kind}); }
-  void push_memo(std::size_t start, std::uint64_t index) {
-    auto it = memo_.find(index);
-    push(start, it == memo_.end() ? tag::none : it->second);
+  // ------------------------------------------------ the memo
+  void memo_put(std::uint64_t index, std::uint32_t op_at) {
+    const item& value = top();
+    if (value.kind == tag::mark) fail("puts a MARK in the memo", op_at);
+    const std::uint64_t slot = memo_index(index, op_at);
+    if (slot >= memo_.size()) memo_.resize(slot + 1, item{no_entry, no_entry, 0, tag::mark});
+    memo_[slot] = value;
   }
+  std::size_t memo_put_counted(std::size_t at, int bytes, std::uint32_t op_at) {
+    memo_put(little_endian(need(at, static_cast<std::size_t>(bytes)), bytes), op_at);
+    return at + static_cast<std::size_t>(bytes);
+  }
+  void push_memo_entry(std::uint32_t op_at, std::uint64_t index) {
+    if (index >= memo_.size() || memo_[index].kind == tag::mark) {
+      fail("fetches memo entry " + std::to_string(index) + ", which it never stored", op_at);
+    }
+    item value = memo_[index];
+    fetched_again(value);
+    value.start = op_at;  // a MARK before this value goes before the GET, not before the original
+    stack_.push_back(value);
+  }
+  std::size_t push_memo(std::size_t at, int bytes, std::uint32_t op_at) {
+    push_memo_entry(op_at, little_endian(need(at, static_cast<std::size_t>(bytes)), bytes));
+    return at + static_cast<std::size_t>(bytes);
+  }
+
+  // ------------------------------------------------ counting what values hold
+  std::uint64_t values_of(const item& value) const { return value.built == no_entry ? 1 : built_[value.built].values; }
+  std::uint32_t depth_of(const item& value) const { return value.built == no_entry ? 0 : built_[value.built].depth; }
+  void fetched_again(const item& value) {
+    if (value.built != no_entry) built_[value.built].fetched_again = true;
+  }
+  std::uint64_t values_above(std::size_t mark) const {
+    std::uint64_t values = 0;
+    for (std::size_t i = mark + 1; i < stack_.size(); ++i) values = saturating_sum(values, values_of(stack_[i]));
+    return values;
+  }
+  std::uint32_t depth_above(std::size_t mark) const {
+    std::uint32_t depth = 0;
+    for (std::size_t i = mark + 1; i < stack_.size(); ++i) depth = std::max(depth, depth_of(stack_[i]));
+    return depth;
+  }
+
+  // LibTorch's SETITEMS takes the items above the MARK two at a time: an
+  // odd count would read one past the end of its stack.
+  void even_above(std::size_t mark, std::uint32_t op_at) const {
+    if (mark < stack_.size() && (stack_.size() - mark - 1) % 2 != 0) {
+      fail("gives a dict an odd number of items (" + std::to_string(stack_.size() - mark - 1) +
+               ") after its MARK: keys and values come in pairs",
+           op_at);
+    }
+  }
+
+  void check_bounds(const built_value& value, std::uint32_t op_at) const {
+    if (value.depth > static_cast<std::uint32_t>(pickle_depth_limit)) {
+      fail("nests containers deeper than " + std::to_string(pickle_depth_limit) + " levels", op_at);
+    }
+    if (value.values > value_budget_) {
+      fail("decodes to more than " + std::to_string(value_budget_) + " values (" +
+               std::to_string(pickle_amplification_limit) + " per byte of a " + std::to_string(size_) +
+               "-byte pickle, shared values counted each time they are used): a forged file",
+           op_at);
+    }
+  }
+  void push_built(std::uint32_t start, std::uint64_t values, std::uint32_t depth, tag kind = tag::none) {
+    built_value value{values, depth, false};
+    check_bounds(value, start);
+    built_.push_back(value);
+    stack_.push_back({start, static_cast<std::uint32_t>(built_.size() - 1), 0, kind});
+  }
+  void combine(std::uint32_t start, std::initializer_list<item> parts, tag kind = tag::none) {
+    std::uint64_t values = 1;
+    std::uint32_t depth = 0;
+    for (const item& part : parts) {
+      values = saturating_sum(values, values_of(part));
+      depth = std::max(depth, depth_of(part));
+    }
+    push_built(start, values, depth + 1, kind);
+  }
+  void grow_by(const item& target, std::uint64_t values, std::uint32_t depth, std::uint32_t op_at) {
+    if (target.built == no_entry) fail("adds items to a value that is not a container", op_at);
+    built_value& value = built_[target.built];
+    if (value.fetched_again) {
+      fail("changes a container after it fetched it again (from the memo or by DUP): a container that contains "
+           "itself, or one counted many times before it grew",
+           op_at);
+    }
+    value.values = saturating_sum(value.values, values);
+    value.depth = std::max(value.depth, depth + 1);
+    check_bounds(value, op_at);
+  }
+  void grow(const item& target, std::initializer_list<item> parts, std::uint32_t op_at) {
+    std::uint64_t values = 0;
+    std::uint32_t depth = 0;
+    for (const item& part : parts) {
+      values = saturating_sum(values, values_of(part));
+      depth = std::max(depth, depth_of(part));
+    }
+    grow_by(target, values, depth, op_at);
+  }
+
+  // ------------------------------------------------ the stack
+  void push(std::uint32_t start, tag kind = tag::none) { stack_.push_back({start, no_entry, 0, kind}); }
   const item& top() const {
     if (stack_.empty()) throw std::runtime_error("the pickle pops an empty stack");
     return stack_.back();
@@ -220,11 +437,11 @@ class walker {
     return value;
   }
   // Pops up to and including the topmost MARK; returns where the MARK was.
-  std::size_t pop_to_mark() {
-    while (!stack_.empty() && stack_.back().kind != tag::mark) stack_.pop_back();
-    if (stack_.empty()) throw std::runtime_error("the pickle has no MARK where one is needed");
-    const std::size_t start = stack_.back().start;
-    stack_.pop_back();
+  std::uint32_t pop_to_mark() {
+    if (marks_.empty()) throw std::runtime_error("the pickle has no MARK where one is needed");
+    const std::uint32_t start = stack_[marks_.back()].start;
+    stack_.resize(marks_.back());
+    marks_.pop_back();
     return start;
   }
 
@@ -248,16 +465,19 @@ class walker {
 
   const char* data_;
   std::size_t size_;
+  std::uint64_t value_budget_;
   std::vector<item> stack_;
-  std::map<std::uint64_t, tag> memo_;
+  std::vector<std::size_t> marks_;  // stack positions of the open MARKs
+  std::vector<built_value> built_;
+  std::vector<item> memo_;  // a MARK-tagged entry: never stored
   std::uint64_t memo_count_ = 0;
-  std::map<std::size_t, int> marks_before_;  // original offset -> MARKs to insert before it
-  std::map<std::size_t, char> replace_;      // APPEND -> APPENDS, SETITEM -> SETITEMS
+  std::map<std::size_t, int> marks_before_;     // original offset -> MARKs to insert before it
+  std::map<std::size_t, char> replace_;         // APPEND -> APPENDS, SETITEM -> SETITEMS
   std::map<std::size_t, std::size_t> dropped_;  // FRAME opcodes (offset -> length)
 };
 
 }  // namespace
 
-pickle_fixup fix_python_pickle(const std::vector<char>& pickle) { return walker(pickle).run(); }
+pickle_fixup validate_and_fix_pickle(const std::vector<char>& pickle) { return walker(pickle).run(); }
 
 }  // namespace loom::detail

@@ -263,7 +263,7 @@ void verify_zip_records(const std::vector<char>& bytes, const std::string& path)
   const std::vector<zip_record> records = read_entries(data, bytes.size(), directory, path);
   refuse_shared_bytes(records, directory, path);
   for (const auto& record : records) {
-    if (crc32_of(data + record.start, record.bytes) != record.crc) {
+    if (!crc_matches(data + record.start, record.bytes, record.crc)) {
       fail_checkpoint(path, "is corrupted (CRC32 mismatch) in record '" + record.name + "'");
     }
   }
@@ -282,9 +282,9 @@ c10::IValue read_torch_archive(const std::vector<char>& bytes, const std::string
     const auto* first = static_cast<const char*>(pickle_data.get());
     pickle_fixup fixed;
     try {
-      fixed = fix_python_pickle(std::vector<char>(first, first + pickle_size));
+      fixed = validate_and_fix_pickle(std::vector<char>(first, first + pickle_size));
     } catch (const std::runtime_error& error) {
-      fail_checkpoint(path, std::string("cannot be decoded: ") + error.what());
+      fail_checkpoint(path, std::string("record data.pkl cannot be decoded: ") + error.what());
     }
     if (fixed.protocol > 2) {
       fail_checkpoint(path, "was pickled with protocol " + std::to_string(fixed.protocol) +

@@ -5,6 +5,8 @@
 // Internal to src/checkpoint.
 #pragma once
 
+#include "python_pickle.hpp"
+
 #include <ATen/core/ivalue.h>
 
 #include <functional>
@@ -13,8 +15,9 @@
 
 namespace loom::detail {
 
-// Deeper than any checkpoint (a state dict of optimizer state is about 6).
-inline constexpr int unpickled_depth_limit = 1000;
+// The pickle's walk checked this already; checked again here on what the
+// unpickler built, which a pickle cannot nest deeper than its opcodes do.
+inline constexpr int unpickled_depth_limit = pickle_depth_limit;
 
 // Calls visit(value, place) for every non-container value under root, each
 // shared container once ("place" names where: 'model'['fc.weight'][0]).

@@ -1,0 +1,188 @@
+// The fuzz targets (targets.hpp). A target that needs files around its
+// input (the indexes: the files they list) builds them once per process, in
+// a scratch directory removed at exit, by loom's own writers.
+#include "targets.hpp"
+
+#include "../../src/checkpoint/python_pickle.hpp"
+#include "../../src/checkpoint/torch_archive.hpp"
+
+#include <loom/checkpoint/io.hpp>
+#include <loom/data/idx.hpp>
+#include <loom/environment.hpp>
+#include <loom/errors.hpp>
+#include <loom/strategy/zero_config.hpp>
+
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adam.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace loom_fuzz {
+namespace {
+namespace fs = std::filesystem;
+
+std::vector<char> bytes_of(const std::uint8_t* data, std::size_t size) {
+  return {reinterpret_cast<const char*>(data), reinterpret_cast<const char*>(data) + size};
+}
+
+void write_file(const fs::path& path, const std::uint8_t* data, std::size_t size) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
+}
+
+// The same weights in every process: a seed index records the CRC32s of
+// files each process writes again.
+torch::nn::Linear seeded_linear() {
+  torch::manual_seed(0);
+  return torch::nn::Linear(4, 3);
+}
+
+// What a checkpoint is loaded into: a module, its Adam optimizer, a step.
+struct training_state {
+  torch::nn::Linear model = seeded_linear();
+  torch::optim::Adam optimizer{model->parameters(), torch::optim::AdamOptions(0.01)};
+  std::int64_t step = 3;
+
+  training_state() {
+    // One step, so the optimizer has state to save and to load.
+    model(torch::ones({2, 4})).sum().backward();
+    optimizer.step();
+  }
+  loom::state entries() { return {{"model", model}, {"optimizer", optimizer}, {"step", step}}; }
+};
+
+// This process's scratch directory, with the checkpoints the index targets
+// need written by loom: sharded/ (meta.pt, rank_0.pt) and deepspeed/
+// (latest, checkpoint/mp_rank_00_model_states.pt and the optimizer file).
+struct scratch {
+  fs::path root;
+  fs::path sharded;
+  fs::path deepspeed;
+  fs::path deepspeed_index;
+
+  scratch() {
+    root = fs::temp_directory_path() / ("loom-fuzz-" + std::to_string(::getpid()));
+    fs::create_directories(root);
+    sharded = root / "sharded";
+    deepspeed = root / "deepspeed";
+    training_state state;
+    loom::comm::process_group alone;
+    loom::save_sharded_checkpoint(sharded.string(), state.entries(), {}, {}, alone);
+    loom::save_deepspeed_checkpoint(deepspeed.string(), state.entries(), {}, {}, alone,
+                                    [](const std::function<void()>& body) { body(); });
+    deepspeed_index = deepspeed / "checkpoint" / "mp_rank_00_model_states.pt";
+    if (!fs::exists(deepspeed_index)) throw std::logic_error("no " + deepspeed_index.string() + " after a save");
+  }
+  ~scratch() {
+    std::error_code ignored;
+    fs::remove_all(root, ignored);
+  }
+};
+
+scratch& files() {
+  static scratch made;
+  return made;
+}
+
+// LOOM_FUZZ_VERBOSE=1 prints each refusal (to see which check a corpus
+// file reaches); fuzzing runs stay quiet.
+void refused(const std::exception& error) {
+  static const bool verbose = loom::cluster::setting_text("LOOM_FUZZ_VERBOSE").has_value();
+  if (verbose) std::fprintf(stderr, "  refused: %s\n", error.what());
+}
+
+}  // namespace
+
+int pickle(const std::uint8_t* data, std::size_t size) {
+  try {
+    (void)loom::detail::validate_and_fix_pickle(bytes_of(data, size));
+  } catch (const std::runtime_error&) {  // its documented refusal
+  }
+  return 0;
+}
+
+int archive(const std::uint8_t* data, std::size_t size) {
+  try {
+    (void)loom::detail::read_torch_archive(bytes_of(data, size), "fuzz.pt");
+  } catch (const loom::checkpoint_error& error) {
+    refused(error);
+  }
+  return 0;
+}
+
+int load(const std::uint8_t* data, std::size_t size) {
+  const fs::path path = files().root / "load.ckpt";
+  write_file(path, data, size);
+  training_state target;
+  try {
+    (void)loom::load_checkpoint(path.string(), target.entries());
+  } catch (const loom::checkpoint_error& error) {
+    refused(error);
+  }
+  return 0;
+}
+
+int sharded_index(const std::uint8_t* data, std::size_t size) {
+  write_file(files().sharded / "meta.pt", data, size);
+  try {
+    (void)loom::read_sharded_checkpoint(files().sharded.string());
+  } catch (const loom::checkpoint_error& error) {
+    refused(error);
+  }
+  return 0;
+}
+
+int deepspeed_index(const std::uint8_t* data, std::size_t size) {
+  write_file(files().deepspeed_index, data, size);
+  try {
+    (void)loom::read_deepspeed_checkpoint(files().deepspeed.string());
+  } catch (const loom::checkpoint_error& error) {
+    refused(error);
+  }
+  return 0;
+}
+
+int zero_config(const std::uint8_t* data, std::size_t size) {
+  loom::deepspeed_options options;
+  options.config = std::string(reinterpret_cast<const char*>(data), size);
+  if (options.config.empty() || options.config.front() != '{') options.config.insert(0, "{");  // JSON text, not a path
+  try {
+    (void)loom::resolve_zero_config(options, "32-true", 2);
+  } catch (const loom::configuration_error& error) {
+    refused(error);
+  }
+  return 0;
+}
+
+int idx(const std::uint8_t* data, std::size_t size) {
+  // The name decides nothing: read_idx looks at the bytes (gzip or plain).
+  const fs::path path = files().root / "input.idx";
+  write_file(path, data, size);
+  try {
+    (void)loom::data::read_idx(path.string());
+  } catch (const loom::data_error& error) {
+    refused(error);
+  }
+  return 0;
+}
+
+void write_seeds(const char* directory) {
+  const fs::path out(directory);
+  for (const auto& entry : targets) fs::create_directories(out / entry.name);
+  training_state state;
+  const fs::path checkpoint = out / "load" / "loom.ckpt";
+  loom::save_checkpoint(checkpoint.string(), state.entries(), {}, {});
+  fs::copy_file(checkpoint, out / "archive" / "loom.ckpt", fs::copy_options::overwrite_existing);
+  fs::copy_file(files().sharded / "meta.pt", out / "sharded_index" / "meta.pt", fs::copy_options::overwrite_existing);
+  fs::copy_file(files().deepspeed_index, out / "deepspeed_index" / "mp_rank_00_model_states.pt",
+                fs::copy_options::overwrite_existing);
+}
+
+}  // namespace loom_fuzz
