@@ -425,6 +425,10 @@ TEST_CASE("deepspeed: bad configs name the key, the value and what is accepted",
              Catch::Contains("gives the key 'train_batch_size' twice in one object"));
   CHECK_THAT(zero_refusal(R"({"zero_optimization": {"stage": 2, "stage": 3}})"),
              Catch::Contains("gives the key 'stage' twice"));
+  // A number no double holds: nlohmann's out_of_range, which escaped as
+  // itself (found by fuzzing: tests/fuzz/corpus/zero_config/regression_*).
+  CHECK_THAT(zero_refusal(R"({"train_micro_batch_size_per_gpu": 1E1111111111})"),
+             Catch::Contains("is not valid JSON") && Catch::Contains("number overflow"));
   CHECK_THAT(zero_refusal(R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4611686018427387904,
                               "gradient_accumulation_steps": 4})"),
              Catch::Contains("= 4611686018427387904 x 4 x 2 does not fit in a 64-bit integer"));

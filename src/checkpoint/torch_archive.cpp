@@ -10,13 +10,16 @@
 #include <ATen/ATen.h>
 #include <caffe2/serialize/inline_container.h>
 #include <caffe2/serialize/read_adapter_interface.h>
+#include <caffe2/serialize/versions.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/csrc/jit/serialization/unpickler.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace loom::detail {
@@ -232,12 +235,21 @@ void refuse_shared_bytes(const std::vector<zip_record>& records, const zip_direc
   // Each record once, in bytes of its own: one record listed a thousand
   // times (to be checked a thousand times), or two names for one record's
   // bytes, are refused before any CRC is computed.
-  std::vector<const std::string*> names;
+  // Names compare without case: miniz, under LibTorch's reader, finds a
+  // record by name case-insensitively, so 'data.pkl' and 'DATA.PKL' would be
+  // two records loom sees and one LibTorch reads.
+  std::vector<std::string> names;
   names.reserve(records.size());
-  for (const auto& record : records) names.push_back(&record.name);
-  std::sort(names.begin(), names.end(), [](const std::string* a, const std::string* b) { return *a < *b; });
+  for (const auto& record : records) {
+    std::string folded = record.name;
+    for (char& c : folded) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    names.push_back(std::move(folded));
+  }
+  std::sort(names.begin(), names.end());
   for (std::size_t i = 1; i < names.size(); ++i) {
-    if (*names[i] == *names[i - 1]) fail_checkpoint(path, "is damaged: its zip directory lists '" + *names[i] + "' twice");
+    if (names[i] == names[i - 1]) {
+      fail_checkpoint(path, "is damaged: its zip directory lists '" + names[i] + "' twice (names compared without case)");
+    }
   }
   std::vector<const zip_record*> by_offset;
   by_offset.reserve(records.size());
@@ -255,6 +267,45 @@ void refuse_shared_bytes(const std::vector<zip_record>& records, const zip_direc
   }
 }
 
+// LibTorch 1.13's PyTorchStreamReader throws from its constructor, after
+// miniz allocated its state, when the first record is not inside a folder
+// or the folder's version record is missing or out of range; the state then
+// leaks, once per such file (found by fuzzing: tests/fuzz/). The same
+// conditions are checked here first, a little more strictly (the version
+// is digits and an optional newline, as every writer writes it).
+void check_reader_preconditions(const std::vector<zip_record>& records, const char* data, const std::string& path) {
+  if (records.empty()) fail_checkpoint(path, "is a zip archive with no records: not a torch file");
+  const std::string& first = records.front().name;
+  const std::size_t slash = first.find('/');
+  if (slash == std::string::npos) {
+    fail_checkpoint(path, "is a zip archive whose first record '" + first + "' is not in a folder: not a torch file");
+  }
+  const std::string folder = first.substr(0, slash + 1);
+  const auto named = [&records](const std::string& name) -> const zip_record* {
+    for (const auto& record : records) {
+      if (record.name == name) return &record;
+    }
+    return nullptr;
+  };
+  const zip_record* version = named(folder + ".data/version");
+  if (version == nullptr) version = named(folder + "version");
+  if (version == nullptr) fail_checkpoint(path, "has no record '" + folder + "version': not a torch file");
+  std::string_view text(data + version->start, version->bytes);
+  if (!text.empty() && text.back() == '\n') text.remove_suffix(1);
+  std::uint64_t value = 0;
+  bool digits = !text.empty() && text.size() <= 3;
+  for (const char c : text) {
+    digits = digits && c >= '0' && c <= '9';
+    if (digits) value = value * 10 + static_cast<std::uint64_t>(c - '0');
+  }
+  if (!digits || value < caffe2::serialize::kMinSupportedFileFormatVersion ||
+      value > caffe2::serialize::kMaxSupportedFileFormatVersion) {
+    fail_checkpoint(path, "record '" + version->name + "' does not hold a format version LibTorch reads (" +
+                              std::to_string(caffe2::serialize::kMinSupportedFileFormatVersion) + " to " +
+                              std::to_string(caffe2::serialize::kMaxSupportedFileFormatVersion) + ")");
+  }
+}
+
 }  // namespace
 
 void verify_zip_records(const std::vector<char>& bytes, const std::string& path) {
@@ -262,6 +313,7 @@ void verify_zip_records(const std::vector<char>& bytes, const std::string& path)
   const zip_directory directory = find_directory(data, bytes.size(), path);
   const std::vector<zip_record> records = read_entries(data, bytes.size(), directory, path);
   refuse_shared_bytes(records, directory, path);
+  check_reader_preconditions(records, data, path);
   for (const auto& record : records) {
     if (!crc_matches(data + record.start, record.bytes, record.crc)) {
       fail_checkpoint(path, "is corrupted (CRC32 mismatch) in record '" + record.name + "'");

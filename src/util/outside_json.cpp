@@ -38,7 +38,9 @@ nlohmann::json parse_outside_json(const std::string& text, const std::string& wh
   };
   try {
     return json::parse(text, check);
-  } catch (const json::parse_error& error) {
+  } catch (const json::exception& error) {
+    // parse_error, and out_of_range for a number no double holds (1E1111...):
+    // every nlohmann refusal of the text is the config's error.
     throw configuration_error(what + " is not valid JSON: " + error.what());
   }
 }
