@@ -766,6 +766,15 @@ TEST_CASE("a torch archive LibTorch's reader would throw on in its constructor i
                                     "LibTorch reads (1 to 10)"));
   CHECK_THROWS_WITH(loom::detail::verify_zip_records(with_version("]\n"), "text.pt"),
                     Catch::Contains("does not hold a format version"));
+  // An encrypted record (general purpose flag bit 0): miniz refuses it from
+  // inside the reader's constructor.
+  std::vector<char> encrypted = with_version("3\n");
+  const std::string text(encrypted.begin(), encrypted.end());
+  const std::size_t central = text.find("PK\x01\x02");
+  REQUIRE(central != std::string::npos);
+  encrypted[central + 8] = static_cast<char>(encrypted[central + 8] | 1);
+  CHECK_THROWS_WITH(loom::detail::verify_zip_records(encrypted, "encrypted.pt"),
+                    Catch::Contains("with zip flags 0x0809 (encrypted, patched or masked)"));
 }
 
 // The walk of the unpickled value stays as a second line behind the

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <optional>
 
 namespace loom::detail {
 namespace fs = std::filesystem;
@@ -73,6 +74,34 @@ c10::IValue listed_value(const std::vector<listed_file>& files) {
   return list;
 }
 
+namespace {
+
+// One entry of an index's list as listed_value wrote it, every field's type
+// and range checked: the index is a file from outside.
+listed_file listed_entry(const c10::IValue& item, const std::string& index_path) {
+  const auto refuse = [&index_path]() {
+    fail_checkpoint(index_path, "lists a file as something other than {'name': str, 'bytes': int >= 0, 'crc32': int "
+                                "in [0, 2^32)} (a forged or damaged index)");
+  };
+  if (!item.isGenericDict()) refuse();
+  const auto dict = item.toGenericDict();
+  const auto field = [&dict](const char* key) -> std::optional<c10::IValue> {
+    const auto found = dict.find(key);
+    if (found == dict.end()) return std::nullopt;
+    return found->value();
+  };
+  const auto name = field("name");
+  const auto bytes = field("bytes");
+  const auto crc = field("crc32");
+  if (dict.size() != 3 || !name || !name->isString() || !bytes || !bytes->isInt() || bytes->toInt() < 0 || !crc ||
+      !crc->isInt() || crc->toInt() < 0 || crc->toInt() > 0xFFFFFFFFLL) {
+    refuse();
+  }
+  return {name->toStringRef(), bytes->toInt(), crc->toInt()};
+}
+
+}  // namespace
+
 std::vector<std::pair<std::string, checkpoint_contents>> read_listed(const confined_directory& directory,
                                                                      const checkpoint_contents& index,
                                                                      const fs::path& index_path) {
@@ -84,8 +113,8 @@ std::vector<std::pair<std::string, checkpoint_contents>> read_listed(const confi
   // Every file is checked (present, size, CRC32) before any is parsed.
   std::vector<std::pair<std::string, std::vector<char>>> files;
   for (const auto& item : listed->value().toListRef()) {
-    const auto file = item.toGenericDict();
-    const std::string name = file.at("name").toStringRef();
+    const listed_file file = listed_entry(item, index_path.string());
+    const std::string& name = file.name;
     const std::string file_path = directory.path_of(name);
     auto read = directory.read(name);
     if (!read) {
@@ -94,11 +123,11 @@ std::vector<std::pair<std::string, checkpoint_contents>> read_listed(const confi
                                             " ranks wrote it); nothing was changed");
     }
     std::vector<char> bytes = std::move(*read);
-    if (static_cast<std::int64_t>(bytes.size()) != file.at("bytes").toInt()) {
+    if (static_cast<std::int64_t>(bytes.size()) != file.bytes) {
       fail_checkpoint(file_path, "has " + std::to_string(bytes.size()) + " bytes, " + index_name + " says " +
-                                     std::to_string(file.at("bytes").toInt()) + " (torn or replaced); nothing was changed");
+                                     std::to_string(file.bytes) + " (torn or replaced); nothing was changed");
     }
-    if (!crc_matches(bytes.data(), bytes.size(), static_cast<std::uint32_t>(file.at("crc32").toInt()))) {
+    if (!crc_matches(bytes.data(), bytes.size(), static_cast<std::uint32_t>(file.crc32))) {
       fail_checkpoint(file_path, "does not match the CRC32 " + index_name + " recorded (corrupted); nothing was changed");
     }
     files.emplace_back(file_path, std::move(bytes));

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -153,6 +154,12 @@ zip_directory find_directory(const char* data, std::size_t size, const std::stri
 }
 
 // One record: where its bytes are, as its local header places them.
+std::string hex_text(std::uint64_t value) {
+  char text[20];
+  std::snprintf(text, sizeof text, "%04llx", static_cast<unsigned long long>(value));
+  return text;
+}
+
 struct zip_record {
   std::string name;
   std::uint64_t header = 0, start = 0, bytes = 0;
@@ -172,6 +179,7 @@ std::vector<zip_record> read_entries(const char* data, std::size_t size, const z
       fail_checkpoint(path, "has a damaged zip directory");
     }
     const auto method = little_endian(data + at + 10, 2);
+    const auto flags = little_endian(data + at + 8, 2);
     zip_record record;
     record.crc = static_cast<std::uint32_t>(little_endian(data + at + 16, 4));
     std::uint64_t compressed = little_endian(data + at + 20, 4);
@@ -207,6 +215,14 @@ std::vector<zip_record> read_entries(const char* data, std::size_t size, const z
     if (method != 0 || compressed != uncompressed) {
       fail_checkpoint(path, "holds a compressed record '" + record.name + "'; torch archives store their records uncompressed");
     }
+    // Only the data-descriptor and UTF-8 name flags: miniz refuses encrypted
+    // and patched records from inside LibTorch's reader's constructor, which
+    // then leaks (see check_reader_preconditions).
+    constexpr std::uint64_t plain_flags = 0x0008 | 0x0800;
+    if ((flags & ~plain_flags) != 0) {
+      fail_checkpoint(path, "holds record '" + record.name + "' with zip flags 0x" + hex_text(flags) +
+                                " (encrypted, patched or masked): torch archives use none of them");
+    }
     if (!fits(record.header, 30, size) || little_endian(data + record.header, 4) != 0x04034b50) {
       fail_checkpoint(path, "is truncated or damaged (record '" + record.name + "' has no local header)");
     }
@@ -217,6 +233,11 @@ std::vector<zip_record> read_entries(const char* data, std::size_t size, const z
         std::memcmp(data + record.header + 30, record.name.data(), name_length) != 0) {
       fail_checkpoint(path, "is damaged: the directory's record '" + record.name +
                                 "' does not match the local header it points at");
+    }
+    if ((little_endian(data + record.header + 6, 2) & ~plain_flags) != 0) {
+      fail_checkpoint(path, "holds record '" + record.name + "' whose local header has zip flags 0x" +
+                                hex_text(little_endian(data + record.header + 6, 2)) +
+                                " (encrypted, patched or masked): torch archives use none of them");
     }
     record.start = record.header + 30 + local_name + local_extra;
     record.bytes = compressed;
