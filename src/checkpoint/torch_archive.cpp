@@ -8,6 +8,7 @@
 #include <loom/errors.hpp>
 
 #include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
 #include <caffe2/serialize/inline_container.h>
 #include <caffe2/serialize/read_adapter_interface.h>
 #include <caffe2/serialize/versions.h>
@@ -132,9 +133,14 @@ zip_directory find_directory(const char* data, std::size_t size, const std::stri
   if (eocd == std::string::npos) fail_checkpoint(path, "is truncated or not a zip archive (no end of central directory)");
   zip_directory directory{little_endian(data + eocd + 10, 2), little_endian(data + eocd + 16, 4),
                           little_endian(data + eocd + 12, 4)};
-  if (directory.entries == 0xFFFF || directory.size == 0xFFFFFFFF || directory.offset == 0xFFFFFFFF) {
-    // ZIP64: the locator sits just before the end record and points at the ZIP64 end record.
-    if (eocd < 20 || little_endian(data + eocd - 20, 4) != 0x07064b50) fail_checkpoint(path, "has a damaged ZIP64 directory");
+  // ZIP64: a locator just before the end record points at the ZIP64 end
+  // record, whose fields then count, whatever the end record says (miniz,
+  // under PyTorch's reader, reads them so: a directory loom read from the
+  // end record alone could differ from the one torch.load reads).
+  const bool zip64_located = eocd >= 20 && little_endian(data + eocd - 20, 4) == 0x07064b50;
+  if (zip64_located || directory.entries == 0xFFFF || directory.size == 0xFFFFFFFF ||
+      directory.offset == 0xFFFFFFFF) {
+    if (!zip64_located) fail_checkpoint(path, "has a damaged ZIP64 directory");
     const std::uint64_t record = little_endian(data + eocd - 20 + 8, 8);
     if (!fits(record, 56, size) || little_endian(data + record, 4) != 0x06064b50) {
       fail_checkpoint(path, "has a damaged ZIP64 directory");
@@ -215,9 +221,9 @@ std::vector<zip_record> read_entries(const char* data, std::size_t size, const z
     if (method != 0 || compressed != uncompressed) {
       fail_checkpoint(path, "holds a compressed record '" + record.name + "'; torch archives store their records uncompressed");
     }
-    // Only the data-descriptor and UTF-8 name flags: miniz refuses encrypted
-    // and patched records from inside LibTorch's reader's constructor, which
-    // then leaks (see check_reader_preconditions).
+    // Only the data-descriptor and UTF-8 name flags: torch archives are
+    // never encrypted or patched, and PyTorch's reader (miniz) refuses such
+    // records.
     constexpr std::uint64_t plain_flags = 0x0008 | 0x0800;
     if ((flags & ~plain_flags) != 0) {
       fail_checkpoint(path, "holds record '" + record.name + "' with zip flags 0x" + hex_text(flags) +
@@ -256,9 +262,9 @@ void refuse_shared_bytes(const std::vector<zip_record>& records, const zip_direc
   // Each record once, in bytes of its own: one record listed a thousand
   // times (to be checked a thousand times), or two names for one record's
   // bytes, are refused before any CRC is computed.
-  // Names compare without case: miniz, under LibTorch's reader, finds a
+  // Names compare without case: miniz, under PyTorch's reader, finds a
   // record by name case-insensitively, so 'data.pkl' and 'DATA.PKL' would be
-  // two records loom sees and one LibTorch reads.
+  // two records loom sees and one torch.load reads.
   std::vector<std::string> names;
   names.reserve(records.size());
   for (const auto& record : records) {
@@ -288,71 +294,86 @@ void refuse_shared_bytes(const std::vector<zip_record>& records, const zip_direc
   }
 }
 
-// LibTorch 1.13's PyTorchStreamReader throws from its constructor, after
-// miniz allocated its state, when the first record is not inside a folder
-// or the folder's version record is missing or out of range; the state then
-// leaks, once per such file (found by fuzzing: tests/fuzz/). The same
-// conditions are checked here first, a little more strictly (the version
-// is digits and an optional newline, as every writer writes it).
-void check_reader_preconditions(const std::vector<zip_record>& records, const char* data, const std::string& path) {
-  if (records.empty()) fail_checkpoint(path, "is a zip archive with no records: not a torch file");
-  const std::string& first = records.front().name;
+// The archive as loom reads it: LibTorch's own zip reader (miniz) is not
+// used on files from outside. It threw from its constructor on a bad
+// version record or an encrypted record, after miniz allocated its state,
+// which then leaked once per such file; and it read a ZIP64 directory where
+// loom read the end record, so the two could see different records (both
+// found by fuzzing: tests/fuzz/). What the unpickler reads is what loom's
+// walk checked.
+struct torch_zip {
+  std::string folder;          // "archive/": the first record's folder, which every lookup names
+  std::uint64_t version = 0;   // the folder's version record
+  std::vector<zip_record> records;
+
+  const zip_record* find(const std::string& name) const {
+    const std::string full = folder + name;
+    for (const auto& record : records) {
+      if (record.name == full) return &record;
+    }
+    return nullptr;
+  }
+};
+
+// The folder (the first record's, as torch.load and LibTorch take it) and
+// its version record: digits and an optional newline, as every writer
+// writes it, within what LibTorch 1.13 reads.
+void read_folder_and_version(torch_zip& zip, const char* data, const std::string& path) {
+  if (zip.records.empty()) fail_checkpoint(path, "is a zip archive with no records: not a torch file");
+  const std::string& first = zip.records.front().name;
   const std::size_t slash = first.find('/');
   if (slash == std::string::npos) {
     fail_checkpoint(path, "is a zip archive whose first record '" + first + "' is not in a folder: not a torch file");
   }
-  const std::string folder = first.substr(0, slash + 1);
-  const auto named = [&records](const std::string& name) -> const zip_record* {
-    for (const auto& record : records) {
-      if (record.name == name) return &record;
-    }
-    return nullptr;
-  };
-  const zip_record* version = named(folder + ".data/version");
-  if (version == nullptr) version = named(folder + "version");
-  if (version == nullptr) fail_checkpoint(path, "has no record '" + folder + "version': not a torch file");
+  zip.folder = first.substr(0, slash + 1);
+  const zip_record* version = zip.find("version");
+  if (version == nullptr) version = zip.find(".data/version");
+  if (version == nullptr) fail_checkpoint(path, "has no record '" + zip.folder + "version': not a torch file");
   std::string_view text(data + version->start, version->bytes);
   if (!text.empty() && text.back() == '\n') text.remove_suffix(1);
-  std::uint64_t value = 0;
   bool digits = !text.empty() && text.size() <= 3;
   for (const char c : text) {
     digits = digits && c >= '0' && c <= '9';
-    if (digits) value = value * 10 + static_cast<std::uint64_t>(c - '0');
+    if (digits) zip.version = zip.version * 10 + static_cast<std::uint64_t>(c - '0');
   }
-  if (!digits || value < caffe2::serialize::kMinSupportedFileFormatVersion ||
-      value > caffe2::serialize::kMaxSupportedFileFormatVersion) {
+  if (!digits || zip.version < caffe2::serialize::kMinSupportedFileFormatVersion ||
+      zip.version > caffe2::serialize::kMaxSupportedFileFormatVersion) {
     fail_checkpoint(path, "record '" + version->name + "' does not hold a format version LibTorch reads (" +
                               std::to_string(caffe2::serialize::kMinSupportedFileFormatVersion) + " to " +
                               std::to_string(caffe2::serialize::kMaxSupportedFileFormatVersion) + ")");
   }
 }
 
-}  // namespace
-
-void verify_zip_records(const std::vector<char>& bytes, const std::string& path) {
+torch_zip read_torch_zip(const std::vector<char>& bytes, const std::string& path) {
   const char* data = bytes.data();
   const zip_directory directory = find_directory(data, bytes.size(), path);
-  const std::vector<zip_record> records = read_entries(data, bytes.size(), directory, path);
-  refuse_shared_bytes(records, directory, path);
-  check_reader_preconditions(records, data, path);
-  for (const auto& record : records) {
+  torch_zip zip;
+  zip.records = read_entries(data, bytes.size(), directory, path);
+  refuse_shared_bytes(zip.records, directory, path);
+  read_folder_and_version(zip, data, path);
+  for (const auto& record : zip.records) {
     if (!crc_matches(data + record.start, record.bytes, record.crc)) {
       fail_checkpoint(path, "is corrupted (CRC32 mismatch) in record '" + record.name + "'");
     }
   }
+  return zip;
 }
 
+}  // namespace
+
+void verify_zip_records(const std::vector<char>& bytes, const std::string& path) { (void)read_torch_zip(bytes, path); }
+
 c10::IValue read_torch_archive(const std::vector<char>& bytes, const std::string& path) {
-  verify_zip_records(bytes, path);
+  const torch_zip zip = read_torch_zip(bytes, path);
   try {
-    caffe2::serialize::PyTorchStreamReader reader(std::make_shared<vector_adapter>(bytes));
-    if (reader.hasRecord("constants.pkl")) {
+    if (zip.find("constants.pkl") != nullptr) {
       fail_checkpoint(path, "is a LibTorch archive (torch::save(module or optimizer, path)), not a checkpoint; read it with "
                  "fabric.load_raw");
     }
-    if (!reader.hasRecord("data.pkl")) fail_checkpoint(path, "is a zip archive without data.pkl: not a torch file");
-    auto [pickle_data, pickle_size] = reader.getRecord("data.pkl");
-    const auto* first = static_cast<const char*>(pickle_data.get());
+    const zip_record* pickle_record = zip.find("data.pkl");
+    if (pickle_record == nullptr) fail_checkpoint(path, "is a zip archive without data.pkl: not a torch file");
+    const char* first = bytes.data() + pickle_record->start;
+    const std::size_t pickle_size = pickle_record->bytes;
     pickle_fixup fixed;
     try {
       fixed = validate_and_fix_pickle(std::vector<char>(first, first + pickle_size));
@@ -375,12 +396,20 @@ c10::IValue read_torch_archive(const std::vector<char>& bytes, const std::string
       position += count;
       return count;
     };
-    tensor_records records([&reader](const std::string& name) { return reader.getRecord("data/" + name); });
+    tensor_records records([&zip, &bytes, &path](const std::string& name) {
+      const zip_record* record = zip.find("data/" + name);
+      if (record == nullptr) {
+        fail_checkpoint(path, "record data.pkl names a storage record 'data/" + name + "' the archive does not hold");
+      }
+      at::DataPtr copy = c10::GetCPUAllocator()->allocate(record->bytes);
+      if (record->bytes > 0) std::memcpy(copy.get(), bytes.data() + record->start, record->bytes);
+      return std::make_tuple(std::move(copy), static_cast<std::size_t>(record->bytes));
+    });
     // Every storage stays on the CPU (map_location="cpu"): LibTorch would
     // copy one stated on a GPU there before any view could be checked.
     torch::jit::Unpickler unpickler(read, /*type_resolver=*/nullptr, /*obj_loader=*/nullptr, std::ref(records),
                                     /*device=*/c10::Device(c10::kCPU));
-    unpickler.set_version(reader.version());
+    unpickler.set_version(zip.version);
     c10::IValue value = unpickler.parse_ivalue();
     records.check_views(value, path);
     return value;

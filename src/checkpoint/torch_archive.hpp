@@ -22,14 +22,17 @@ bool is_libtorch_archive(const std::vector<char>& bytes);
 // so only globals torch.load's weights_only unpickler allows appear.
 std::vector<char> write_torch_archive(const c10::IValue& root);
 
-// Every stored record's CRC32 against the zip's central directory (torch.load
-// and LibTorch do not check them); a truncated or corrupted file is a
-// checkpoint_error naming path and the record.
+// loom's walk of the zip: every entry's bounds, no overlaps, names matching
+// their local headers, once each, stored and unencrypted; the folder's
+// version record; then every record's CRC32 against the central directory
+// (torch.load and LibTorch do not check them). A truncated, corrupted or
+// forged file is a checkpoint_error naming path and the record.
 void verify_zip_records(const std::vector<char>& bytes, const std::string& path);
 
-// Reads a verified archive written by loom, LibTorch or Python's torch.save:
-// Python's one-element lists and one-key dicts are rewritten for LibTorch
-// 1.13's unpickler first (python_pickle.hpp).
+// Reads an archive written by loom, LibTorch or Python's torch.save, from
+// the records verify_zip_records found (LibTorch's zip reader is not used):
+// the pickle is checked and rewritten by python_pickle.hpp, then unpickled by
+// LibTorch, then every tensor view is checked (tensor_records.hpp).
 c10::IValue read_torch_archive(const std::vector<char>& bytes, const std::string& path);
 
 }  // namespace loom::detail
