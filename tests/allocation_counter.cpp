@@ -8,6 +8,11 @@
 // new/delete mismatches from the sanitizer. There the runtime's allocation
 // hook counts instead, and it sees every allocation (malloc as well as new):
 // a stricter count for the same comparisons.
+//
+// Heap bytes: the usual build also replaces the malloc family (over glibc's
+// __libc_* entry points) and adds each block's usable size; under a
+// sanitizer the same hooks add the size allocated and subtract the size of
+// each block freed.
 #include "allocation_counter.hpp"
 
 #include <atomic>
@@ -17,10 +22,23 @@
 
 namespace {
 std::atomic<unsigned long long> allocations{0};
+std::atomic<unsigned long long> live_bytes{0};
+std::atomic<unsigned long long> peak_bytes{0};
+
+void note_allocated(std::size_t bytes) noexcept {
+  const unsigned long long now = live_bytes.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  unsigned long long peak = peak_bytes.load(std::memory_order_relaxed);
+  while (now > peak && !peak_bytes.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
 }
+void note_freed(std::size_t bytes) noexcept { live_bytes.fetch_sub(bytes, std::memory_order_relaxed); }
+}  // namespace
 
 namespace loom_test {
 unsigned long long allocation_count() noexcept { return allocations.load(std::memory_order_relaxed); }
+unsigned long long heap_live_bytes() noexcept { return live_bytes.load(std::memory_order_relaxed); }
+unsigned long long heap_peak_bytes() noexcept { return peak_bytes.load(std::memory_order_relaxed); }
+void reset_heap_peak() noexcept { peak_bytes.store(live_bytes.load(std::memory_order_relaxed), std::memory_order_relaxed); }
 }  // namespace loom_test
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -28,16 +46,59 @@ unsigned long long allocation_count() noexcept { return allocations.load(std::me
 // sanitizer/allocator_interface.h, which g++ 12 does not install.
 extern "C" int __sanitizer_install_malloc_and_free_hooks(void (*malloc_hook)(const volatile void*, std::size_t),
                                                          void (*free_hook)(const volatile void*));
+extern "C" std::size_t __sanitizer_get_allocated_size(const volatile void* pointer);
 
 namespace {
-void count_allocation(const volatile void* /*pointer*/, std::size_t /*size*/) {
+void count_allocation(const volatile void* /*pointer*/, std::size_t size) {
   allocations.fetch_add(1, std::memory_order_relaxed);
+  note_allocated(size);
 }
-void ignore_free(const volatile void* /*pointer*/) {}
-[[maybe_unused]] const int hooks_installed = __sanitizer_install_malloc_and_free_hooks(count_allocation, ignore_free);
+void count_free(const volatile void* pointer) { note_freed(__sanitizer_get_allocated_size(pointer)); }
+[[maybe_unused]] const int hooks_installed = __sanitizer_install_malloc_and_free_hooks(count_allocation, count_free);
 }  // namespace
 
 #else
+
+// The malloc family over glibc's own entry points (which glibc exports for
+// this), so LibTorch's and every library's allocations count too.
+extern "C" {
+void* __libc_malloc(std::size_t size);
+void* __libc_calloc(std::size_t count, std::size_t size);
+void* __libc_realloc(void* pointer, std::size_t size);
+void* __libc_memalign(std::size_t alignment, std::size_t size);
+void __libc_free(void* pointer);
+std::size_t malloc_usable_size(void* pointer) noexcept;
+
+static void* noted(void* pointer) noexcept {
+  if (pointer != nullptr) note_allocated(malloc_usable_size(pointer));
+  return pointer;
+}
+void* malloc(std::size_t size) noexcept { return noted(__libc_malloc(size)); }
+void* calloc(std::size_t count, std::size_t size) noexcept { return noted(__libc_calloc(count, size)); }
+void* memalign(std::size_t alignment, std::size_t size) noexcept { return noted(__libc_memalign(alignment, size)); }
+void* aligned_alloc(std::size_t alignment, std::size_t size) noexcept { return memalign(alignment, size); }
+void* valloc(std::size_t size) noexcept { return memalign(4096, size); }
+int posix_memalign(void** out, std::size_t alignment, std::size_t size) noexcept {
+  if (alignment < sizeof(void*) || (alignment & (alignment - 1)) != 0) return 22;  // EINVAL
+  void* pointer = memalign(alignment, size);
+  if (pointer == nullptr && size != 0) return 12;  // ENOMEM
+  *out = pointer;
+  return 0;
+}
+void* realloc(void* pointer, std::size_t size) noexcept {
+  const std::size_t before = pointer != nullptr ? malloc_usable_size(pointer) : 0;
+  void* moved = __libc_realloc(pointer, size);
+  if (moved != nullptr || size == 0) {  // the old block is gone
+    note_freed(before);
+    noted(moved);
+  }
+  return moved;
+}
+void free(void* pointer) noexcept {
+  if (pointer != nullptr) note_freed(malloc_usable_size(pointer));
+  __libc_free(pointer);
+}
+}
 
 void* operator new(std::size_t size) {
   allocations.fetch_add(1, std::memory_order_relaxed);

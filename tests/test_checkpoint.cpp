@@ -2,6 +2,7 @@
 // subset; every bad file or mismatching state is a clear error that changes
 // nothing; state dicts from LibTorch and from Python load into modules.
 #include "test_models.hpp"
+#include "allocation_counter.hpp"
 
 #include "catch.hpp"
 #include "../src/checkpoint/torch_archive.hpp"
@@ -823,6 +824,96 @@ TEST_CASE("a pickle naming a global loom does not resolve is refused with the li
   // A name close to an accepted one.
   const std::string near = pickle_bytes("\x80\x02" "ctorch._utils\n_rebuild_tensor_v3\n.");
   CHECK_THAT(refusal_of(near), Catch::Contains("names the global torch._utils._rebuild_tensor_v3"));
+}
+
+// Bounded allocation on load, measured at the malloc level (every block of
+// the process, file buffers included; allocation_counter.cpp): each forged
+// file is refused, naming the file and what is wrong, before loom allocates
+// more than the bound stated in docs/checkpoints.md: the file's size, twice
+// (the bytes read, the pickle's own copy), plus 32 bytes per pickle byte
+// (the walk's stack and counts), plus a fixed 1 MiB.
+TEST_CASE("a forged file is refused before its load allocates more than the bound", "[checkpoint]") {
+  loom_test::scratch_dir dir("ckpt-allocation");
+  const at::Tensor tensor = at::arange(6, at::kFloat).reshape({2, 3});
+  const auto refused_within_bound = [&](const std::string& name, const std::vector<char>& bytes,
+                                        std::size_t pickle_bytes, const std::string& expected) {
+    write_bytes(dir.file(name), std::string(bytes.begin(), bytes.end()));
+    const unsigned long long before = loom_test::heap_live_bytes();
+    loom_test::reset_heap_peak();
+    std::string refusal = "(loaded)";
+    try {
+      (void)loom::read_checkpoint(dir.file(name));
+    } catch (const loom::checkpoint_error& error) {
+      refusal = error.what();
+    }
+    const unsigned long long peak = loom_test::heap_peak_bytes() - before;
+    const unsigned long long bound = 2 * bytes.size() + 32 * pickle_bytes + (1ULL << 20);
+    std::printf("allocation bound: %-26s file %9zu B, peak %10llu B, bound %10llu B\n", name.c_str(), bytes.size(),
+                peak, bound);
+    INFO(name << ": " << refusal);
+    CHECK_THAT(refusal, Catch::Contains(dir.file(name)) && Catch::Contains(expected));
+    CHECK(peak <= bound);
+  };
+  // A tensor of 10^12 elements over a record of 6.
+  refused_within_bound("huge_tensor.pt", forged_archive(tensor, [](std::string& pickle) {
+    replace_once(pickle, pickle_bytes("(K\x02K\x03t(K\x03K\x01t"),
+                 pickle_bytes("(J\x40\x42\x0f\x00J\x40\x42\x0f\x00t(J\x40\x42\x0f\x00K\x01t"));
+  }), 200, "reaches past its storage of 6 elements");
+  // A storage of 2^28 floats (1 GiB) over a record of 24 bytes.
+  refused_within_bound("huge_storage.pt", forged_archive(tensor, [](std::string& pickle) {
+    replace_once(pickle, pickle_bytes("K\x06tQ"), pickle_bytes("J\x00\x00\x00\x10tQ"));
+  }), 200, "claims a storage of 1073741824 bytes, and its record data/0 holds 24");
+  // Lists nested 10^6 deep.
+  constexpr std::size_t depth = 1000000;
+  const std::string deep = pickle_bytes("\x80\x02") + std::string(depth, ']') + std::string(depth - 1, 'a') + ".";
+  refused_within_bound("deep.pt", archive_of_pickle(deep), deep.size(), "nests containers deeper than 1000 levels");
+  // A 40 kB memo graph that decodes to 10^8 values.
+  std::string graph = pickle_bytes("\x80\x02]q\x00(");
+  for (int i = 0; i < 10000; ++i) graph += pickle_bytes("K\x01");
+  graph += "e0](";
+  for (int i = 0; i < 10000; ++i) graph += pickle_bytes("h\x00");
+  graph += "e.";
+  refused_within_bound("amplified.pt", archive_of_pickle(graph), graph.size(), "decodes to more than");
+  // A record whose declared size (0xFFFFFFF0 in the directory) is far larger than the file.
+  std::vector<char> huge_record = forged_archive(tensor, [](std::string&) {});
+  const std::string text(huge_record.begin(), huge_record.end());
+  const std::size_t entry = text.find(std::string("PK\x01\x02", 4) , text.find(std::string("PK\x01\x02", 4)) + 4);
+  REQUIRE(entry != std::string::npos);
+  for (const int field : {20, 24}) std::memcpy(huge_record.data() + entry + field, "\xf0\xff\xff\xff", 4);
+  refused_within_bound("huge_record.pt", huge_record, 200, "runs past the end of the file");
+}
+
+// The same for a DeepSpeed JSON config nested 10^5 deep.
+TEST_CASE("a DeepSpeed config nested 10^5 deep is refused before it allocates more than the bound", "[checkpoint]") {
+  const std::string json = "{\"a\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+  const unsigned long long before = loom_test::heap_live_bytes();
+  loom_test::reset_heap_peak();
+  CHECK_THROWS_WITH(loom::resolve_zero_config(loom::deepspeed_options{.config = json}, "32-true", 2),
+                    Catch::Contains("nests deeper than 64 levels"));
+  const unsigned long long peak = loom_test::heap_peak_bytes() - before;
+  std::printf("allocation bound: %-26s text %9zu B, peak %10llu B, bound %10llu B\n", "deep DeepSpeed config",
+              json.size(), peak, 2 * json.size() + (1ULL << 20));
+  CHECK(peak <= 2 * json.size() + (1ULL << 20));
+}
+
+// An optimizer step no int64 holds made the conversion undefined (found by
+// fuzzing: tests/fuzz/corpus/load/regression_step_out_of_range.pt).
+TEST_CASE("an optimizer state whose step is no step count is refused", "[checkpoint]") {
+  loom_test::scratch_dir dir("ckpt-step");
+  torch::nn::Linear model(4, 3);
+  torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(0.01));
+  model(torch::ones({2, 4})).sum().backward();
+  optimizer.step();
+  const std::string path = dir.file("step.ckpt");
+  loom::save_checkpoint(path, {{"model", model}, {"optimizer", optimizer}}, {}, {});
+  for (const c10::IValue forged : {c10::IValue(-3.69e19), c10::IValue(std::nan("")), c10::IValue(std::string("seven"))}) {
+    loom::checkpoint_contents contents = loom::read_checkpoint(path);
+    auto state = contents.entries.at("optimizer").toGenericDict().at("state").toGenericDict();
+    state.at(state.begin()->key()).toGenericDict().insert_or_assign("step", forged);
+    loom::write_checkpoint(dir.file("forged.ckpt"), contents);
+    CHECK_THROWS_WITH(loom::load_checkpoint(dir.file("forged.ckpt"), {{"model", model}, {"optimizer", optimizer}}),
+                      Catch::Contains("has a step that is not a step count (0 to 2^53)"));
+  }
 }
 
 TEST_CASE("a failed save leaves the previous checkpoint and no temporary file", "[checkpoint]") {

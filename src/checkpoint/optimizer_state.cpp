@@ -17,6 +17,7 @@
 
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string_view>
 #include <tuple>
 #include <utility>
@@ -73,6 +74,24 @@ betas_t pair_of(const c10::IValue& value) {
   }
   const auto list = value.toListRef();
   return {number(list[0]), number(list[1])};
+}
+
+// A saved step as torch.optim writes one (a number or a one-element
+// tensor), or nullopt when it is no count 0 to 2^53: a larger one, or NaN,
+// would make the conversion undefined (found by fuzzing:
+// tests/fuzz/corpus/load/regression_step_*).
+std::optional<std::int64_t> step_count(const c10::IValue& saved) {
+  double count = 0;
+  if (saved.isTensor()) {
+    if (saved.toTensor().numel() != 1) return std::nullopt;
+    count = saved.toTensor().item<double>();
+  } else if (saved.isInt() || saved.isDouble()) {
+    count = number(saved);
+  } else {
+    return std::nullopt;
+  }
+  if (!(count >= 0 && count <= 9007199254740992.0)) return std::nullopt;
+  return static_cast<std::int64_t>(count);
 }
 
 std::string key_text(const c10::IValue& key) {
@@ -205,6 +224,9 @@ std::string check(const Family& family, const c10::IValue& value, torch::optim::
     if (target == nullptr) return "'state' has an entry for " + key_text(key) + ", which no param group lists";
     if (!item.value().isGenericDict()) return "the state of " + key_text(key) + " is not a dict";
     const auto entry = item.value().toGenericDict();
+    if (auto step = entry.find("step"); family.step != nullptr && step != entry.end() && !step_count(step->value())) {
+      return "the state of " + key_text(key) + " has a step that is not a step count (0 to 2^53)";
+    }
     for (const auto& [name, field] : family.tensors) {
       auto it = entry.find(name);
       if (it == entry.end() || it->value().isNone()) continue;
@@ -255,8 +277,9 @@ void load(const Family& family, const c10::IValue& value, torch::optim::Optimize
     if (family.step != nullptr) {
       if (auto step = entry.find("step"); step != entry.end()) {
         const c10::IValue& saved_step = step->value();
-        const double count = saved_step.isTensor() ? saved_step.toTensor().item<double>() : number(saved_step);
-        family.step(*made) = static_cast<std::int64_t>(count);
+        const auto count = step_count(saved_step);
+        if (!count) throw std::invalid_argument("the state of " + key_text(key) + " has a step that is not a step count");
+        family.step(*made) = *count;
       }
     }
     for (const auto& [name, field] : family.tensors) {
