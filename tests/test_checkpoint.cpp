@@ -821,6 +821,9 @@ TEST_CASE("a pickle naming a global loom does not resolve is refused with the li
   CHECK_THAT(refusal_of(pickle_bytes("\x80\x02\x82\x01.")), Catch::Contains("extension registry (EXT1)"));
   // A global named by a value that is not a string.
   CHECK_THAT(refusal_of(pickle_bytes("\x80\x04K\x01K\x02\x93.")), Catch::Contains("by a value that is not a string"));
+  // Names given as SHORT_BINSTRING (a 1-byte length): read back at their own
+  // width (at 4 bytes the length ran past the pickle: found by fuzzing).
+  CHECK_THAT(refusal_of(pickle_bytes("\x80\x04U\x02osU\x06system\x93.")), Catch::Contains("names the global os.system"));
   // A name close to an accepted one.
   const std::string near = pickle_bytes("\x80\x02" "ctorch._utils\n_rebuild_tensor_v3\n.");
   CHECK_THAT(refusal_of(near), Catch::Contains("names the global torch._utils._rebuild_tensor_v3"));

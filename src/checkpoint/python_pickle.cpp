@@ -62,6 +62,17 @@ std::uint64_t saturating_sum(std::uint64_t a, std::uint64_t b) {
   return __builtin_add_overflow(a, b, &sum) ? UINT64_MAX : sum;
 }
 
+// The width of the length before a length-prefixed argument: one table for
+// the walk and for reading a string back (a string's length read at the
+// wrong width once sent a forged 1 GB allocation through: found by fuzzing).
+int counted_length_bytes(unsigned char op) {
+  switch (op) {
+    case 'U': case 'C': case 0x8a: case 0x8c: return 1;  // SHORT_BINSTRING SHORT_BINBYTES LONG1 SHORT_BINUNICODE
+    case 'T': case 'B': case 0x8b: case 'X': return 4;   // BINSTRING BINBYTES LONG4 BINUNICODE
+    default: return 8;                                   // BINUNICODE8 BINBYTES8 BYTEARRAY8
+  }
+}
+
 class walker {
  public:
   explicit walker(const std::vector<char>& pickle)
@@ -94,10 +105,12 @@ class walker {
         case 'h': at = push_memo(at, 1, op_at); break;  // BINGET
         case 'j': at = push_memo(at, 4, op_at); break;  // LONG_BINGET
         // ------------------------------------------------ push, length-prefixed argument
-        case 'U': case 'C': case 0x8a: at = skip_counted(at, 1, op_at, op == 'U'); break;
-        case 'T': case 'B': case 0x8b: case 'X': at = skip_counted(at, 4, op_at, op == 'X' || op == 'T'); break;
-        case 0x8c: at = skip_counted(at, 1, op_at, true); break;  // SHORT_BINUNICODE
-        case 0x8d: case 0x8e: case 0x96: at = skip_counted(at, 8, op_at, op == 0x8d); break;
+        case 'U': case 'T': case 'X': case 0x8c: case 0x8d:  // strings
+          at = skip_counted(at, counted_length_bytes(op), op_at, true);
+          break;
+        case 'C': case 'B': case 0x8a: case 0x8b: case 0x8e: case 0x96:  // bytes, longs, bytearray
+          at = skip_counted(at, counted_length_bytes(op), op_at, false);
+          break;
         // ------------------------------------------------ push, newline-terminated argument
         case 'I': case 'L': case 'F': case 'S': case 'V': case 'P':
           at = skip_line(at);
@@ -265,8 +278,7 @@ class walker {
   // A length-prefixed text's characters, found again from its opcode.
   std::string_view text_of(const item& string) const {
     const std::size_t at = string.text_at;
-    const auto op = static_cast<unsigned char>(data_[at]);
-    const int length_bytes = op == 0x8c ? 1 : op == 0x8d ? 8 : 4;
+    const int length_bytes = counted_length_bytes(static_cast<unsigned char>(data_[at]));
     const std::uint64_t length = little_endian(data_ + at + 1, length_bytes);
     return {data_ + at + 1 + length_bytes, static_cast<std::size_t>(length)};
   }
