@@ -5,10 +5,12 @@
 #include "allocation_counter.hpp"
 
 #include "catch.hpp"
+#include "../src/checkpoint/tensor_records.hpp"
 #include "../src/checkpoint/torch_archive.hpp"
 #include "../src/checkpoint/unpickled_value.hpp"
 #include "../src/util/outside_files.hpp"
 
+#include <c10/core/CPUAllocator.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 
@@ -659,28 +661,28 @@ TEST_CASE("a tensor that reaches past its record is refused before anything read
     replace_once(pickle, std::string("K\x06tQ", 4), std::string("K\x3ctQ", 4));
   });
   CHECK_THROWS_WITH(loom::detail::read_torch_archive(longer, "longer.pt"),
-                    Catch::Contains("checkpoint longer.pt: the tensor at 'w' claims a storage of 240 bytes, and its "
-                                    "record data/0 holds 24"));
+                    Catch::Contains("checkpoint longer.pt: record data.pkl cannot be decoded: the pickle declares a "
+                                    "storage of 60 elements of 4 bytes over record data/0, which holds 24 bytes"));
   // Sizes (2, 3) stated as (2, 9) over strides (3, 1): 12 elements of a 6-element storage.
   const auto wider = forged_archive(tensor, [](std::string& pickle) {
     replace_once(pickle, std::string("(K\x02K\x03t(K\x03K\x01t", 12), std::string("(K\x02K\x09t(K\x03K\x01t", 12));
   });
   CHECK_THROWS_WITH(loom::detail::read_torch_archive(wider, "wider.pt"),
-                    Catch::Contains("the tensor at 'w' (sizes [2, 9], strides [3, 1], offset 0) reaches past its "
-                                    "storage of 6 elements"));
+                    Catch::Contains("the pickle rebuilds a tensor (sizes [2, 9], strides [3, 1], offset 0) that "
+                                    "reaches past its storage of 6 elements (record data/0)"));
   // A tensor of 10^12 elements over the same 6: refused, nothing allocated for it.
   const auto huge = forged_archive(tensor, [](std::string& pickle) {
     replace_once(pickle, pickle_bytes("(K\x02K\x03t(K\x03K\x01t"),
                  pickle_bytes("(J\x40\x42\x0f\x00J\x40\x42\x0f\x00t(J\x40\x42\x0f\x00K\x01t"));
   });
   CHECK_THROWS_WITH(loom::detail::read_torch_archive(huge, "huge.pt"),
-                    Catch::Contains("(sizes [1000000, 1000000], strides [1000000, 1], offset 0) reaches past its "
-                                    "storage of 6 elements"));
+                    Catch::Contains("(sizes [1000000, 1000000], strides [1000000, 1], offset 0) that reaches past "
+                                    "its storage of 6 elements"));
   // An offset that starts past the end.
   const auto shifted = forged_archive(tensor, [](std::string& pickle) {
     replace_once(pickle, std::string("K\x00(K\x02", 5), std::string("K\x05(K\x02", 5));
   });
-  CHECK_THROWS_WITH(loom::detail::read_torch_archive(shifted, "shifted.pt"), Catch::Contains("offset 5) reaches past"));
+  CHECK_THROWS_WITH(loom::detail::read_torch_archive(shifted, "shifted.pt"), Catch::Contains("offset 5) that reaches past"));
 }
 
 // A pickle's containers 10^5 deep (LibTorch's IValue destructor recurses:
@@ -778,6 +780,36 @@ TEST_CASE("a torch archive LibTorch's reader would throw on in its constructor i
                     Catch::Contains("with zip flags 0x0809 (encrypted, patched or masked)"));
 }
 
+// What LibTorch built is checked again (a second line behind the pickle's
+// walk, which refuses these first): a storage larger than its record, and a
+// view past its storage, built here directly.
+TEST_CASE("tensor views built over a record are checked against it", "[checkpoint]") {
+  loom::detail::tensor_records records([](const std::string&) {
+    at::DataPtr data = c10::GetCPUAllocator()->allocate(24);
+    std::memset(data.get(), 0, 24);
+    return std::make_tuple(std::move(data), std::size_t{24});
+  });
+  const auto tensor_over = [&records](std::size_t storage_bytes, std::vector<int64_t> sizes, std::vector<int64_t> strides) {
+    c10::Storage storage(c10::Storage::use_byte_size_t(), storage_bytes, records("0"), nullptr, false);
+    at::Tensor tensor = at::empty({0}, at::kFloat);
+    tensor.unsafeGetTensorImpl()->set_storage_keep_dtype(std::move(storage));
+    tensor.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides);
+    c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
+    dict.insert("w", tensor);
+    return c10::IValue(dict);
+  };
+  c10::IValue fits = tensor_over(24, {2, 3}, {3, 1});
+  CHECK_NOTHROW(records.check_views(fits, "fits.pt"));
+  c10::IValue longer = tensor_over(240, {2, 3}, {3, 1});
+  CHECK_THROWS_WITH(records.check_views(longer, "longer.pt"),
+                    Catch::Contains("checkpoint longer.pt: the tensor at 'w' claims a storage of 240 bytes, and its "
+                                    "record data/0 holds 24"));
+  c10::IValue wider = tensor_over(24, {2, 9}, {3, 1});
+  CHECK_THROWS_WITH(records.check_views(wider, "wider.pt"),
+                    Catch::Contains("the tensor at 'w' (sizes [2, 9], strides [3, 1], offset 0) reaches past its "
+                                    "storage of 6 elements"));
+}
+
 // The walk of the unpickled value stays as a second line behind the
 // pickle's walk: a value that contains itself is refused and taken apart.
 TEST_CASE("an unpickled value that contains itself is refused and taken apart", "[checkpoint]") {
@@ -861,11 +893,11 @@ TEST_CASE("a forged file is refused before its load allocates more than the boun
   refused_within_bound("huge_tensor.pt", forged_archive(tensor, [](std::string& pickle) {
     replace_once(pickle, pickle_bytes("(K\x02K\x03t(K\x03K\x01t"),
                  pickle_bytes("(J\x40\x42\x0f\x00J\x40\x42\x0f\x00t(J\x40\x42\x0f\x00K\x01t"));
-  }), 200, "reaches past its storage of 6 elements");
+  }), 200, "that reaches past its storage of 6 elements");
   // A storage of 2^28 floats (1 GiB) over a record of 24 bytes.
   refused_within_bound("huge_storage.pt", forged_archive(tensor, [](std::string& pickle) {
     replace_once(pickle, pickle_bytes("K\x06tQ"), pickle_bytes("J\x00\x00\x00\x10tQ"));
-  }), 200, "claims a storage of 1073741824 bytes, and its record data/0 holds 24");
+  }), 200, "declares a storage of 268435456 elements of 4 bytes over record data/0, which holds 24 bytes");
   // Lists nested 10^6 deep.
   constexpr std::size_t depth = 1000000;
   const std::string deep = pickle_bytes("\x80\x02") + std::string(depth, ']') + std::string(depth - 1, 'a') + ".";
@@ -909,7 +941,7 @@ TEST_CASE("an optimizer state whose step is no step count is refused", "[checkpo
   optimizer.step();
   const std::string path = dir.file("step.ckpt");
   loom::save_checkpoint(path, {{"model", model}, {"optimizer", optimizer}}, {}, {});
-  for (const c10::IValue forged : {c10::IValue(-3.69e19), c10::IValue(std::nan("")), c10::IValue(std::string("seven"))}) {
+  for (const c10::IValue& forged : {c10::IValue(-3.69e19), c10::IValue(std::nan("")), c10::IValue(std::string("seven"))}) {
     loom::checkpoint_contents contents = loom::read_checkpoint(path);
     auto state = contents.entries.at("optimizer").toGenericDict().at("state").toGenericDict();
     state.at(state.begin()->key()).toGenericDict().insert_or_assign("step", forged);

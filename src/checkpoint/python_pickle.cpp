@@ -4,14 +4,17 @@
 // a value built of others, an entry that counts what it holds and how deep.
 #include "python_pickle.hpp"
 #include "file_bytes.hpp"
+#include "view_extent.hpp"
 
 #include <algorithm>
 #include <cstring>
 #include <initializer_list>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 
 namespace loom::detail {
 
@@ -22,16 +25,28 @@ const char* const resolved_globals_text =
 
 namespace {
 
+struct storage_type {
+  std::string_view name;
+  std::uint32_t element_size;
+};
+constexpr storage_type storage_types[] = {
+    {"FloatStorage", 4}, {"DoubleStorage", 8}, {"HalfStorage", 2},  {"BFloat16Storage", 2},
+    {"LongStorage", 8},  {"IntStorage", 4},    {"ShortStorage", 2}, {"CharStorage", 1},
+    {"ByteStorage", 1},  {"BoolStorage", 1},   {"ComplexFloatStorage", 8}, {"ComplexDoubleStorage", 16},
+};
+
+// The element size of torch.<name>, 0 for a name that is not a storage type.
+std::uint32_t storage_element_size(std::string_view name) {
+  for (const auto& type : storage_types) {
+    if (type.name == name) return type.element_size;
+  }
+  return 0;
+}
+
 bool is_resolved_global(std::string_view module, std::string_view name) {
   if (module == "torch._utils") return name == "_rebuild_tensor_v2";
   if (module == "collections") return name == "OrderedDict";
-  if (module == "torch") {
-    static constexpr std::string_view storages[] = {"FloatStorage", "DoubleStorage", "HalfStorage", "BFloat16Storage",
-                                                    "LongStorage", "IntStorage", "ShortStorage", "CharStorage",
-                                                    "ByteStorage", "BoolStorage", "ComplexFloatStorage",
-                                                    "ComplexDoubleStorage"};
-    return std::find(std::begin(storages), std::end(storages), name) != std::end(storages);
-  }
+  if (module == "torch") return storage_element_size(name) != 0;
   if (module == "torch.jit._pickle") {
     return name == "build_intlist" || name == "build_doublelist" || name == "build_boollist" ||
            name == "build_tensorlist" || name == "restore_type_tag";
@@ -39,14 +54,19 @@ bool is_resolved_global(std::string_view module, std::string_view name) {
   return false;
 }
 
-enum class tag : std::uint8_t { none, mark, text, ordered_dict_class, ordered_dict };
+enum class tag : std::uint8_t {
+  none, mark, text, integer, ordered_dict_class, ordered_dict,
+  storage_class,   // torch.<T>Storage (detail: its element size)
+  rebuild_tensor,  // torch._utils._rebuild_tensor_v2
+};
 
 constexpr std::uint32_t no_entry = 0xFFFFFFFFU;
 
 struct item {
   std::uint32_t start;             // offset of the first opcode that built it (pickles are < 4 GiB)
   std::uint32_t built = no_entry;  // its entry in walker::built_, for a value built of others
-  std::uint32_t text_at = 0;       // a text's opcode (a memo fetch of it starts elsewhere)
+  std::uint32_t detail = 0;  // text: its opcode's offset (a memo fetch starts elsewhere); integer: its entry in
+                             // walker::integers_; storage_class: the element size
   tag kind = tag::none;
 };
 
@@ -56,6 +76,17 @@ struct built_value {
   std::uint32_t depth;   // containers on the longest path down, itself included
   bool fetched_again;    // taken from the memo or DUPed: it may not change any more
 };
+
+// A storage a persistent id named.
+struct storage_view {
+  std::uint32_t element_size;
+  std::int64_t numel;
+  std::string key;  // its record is data/<key>
+};
+
+// Tuples up to this long keep their elements (a tensor's arguments, sizes
+// and strides; PyTorch tensors have at most 64 dimensions).
+constexpr std::size_t tuple_elements_kept = 64;
 
 std::uint64_t saturating_sum(std::uint64_t a, std::uint64_t b) {
   std::uint64_t sum = 0;
@@ -75,8 +106,9 @@ int counted_length_bytes(unsigned char op) {
 
 class walker {
  public:
-  explicit walker(const std::vector<char>& pickle)
-      : data_(pickle.data()),
+  walker(const std::vector<char>& pickle, const record_size& record_bytes)
+      : record_bytes_(record_bytes),
+        data_(pickle.data()),
         size_(pickle.size()),
         value_budget_(saturating_sum(pickle_amplification_limit * pickle.size(), 4096)) {
     if (size_ >= no_entry) throw std::runtime_error("the pickle is 4 GiB or larger; a checkpoint's is far smaller");
@@ -92,11 +124,12 @@ class walker {
       switch (op) {
         // ------------------------------------------------ push one value, no argument
         case 'N': case 0x88: case 0x89: push(op_at); break;                      // NONE NEWTRUE NEWFALSE
-        case '}': case ']': case ')': case 0x8f: push_built(op_at, 1, 1); break;  // empty dict list tuple set
+        case '}': case ']': case 0x8f: push_built(op_at, 1, 1); break;  // empty dict list set
+        case ')': push_built(op_at, 1, 1); tuples_[stack_.back().built] = {}; break;  // EMPTY_TUPLE
         // ------------------------------------------------ push, fixed-size argument
-        case 'K': at = push_after(at, 1, op_at); break;  // BININT1
-        case 'M': at = push_after(at, 2, op_at); break;  // BININT2
-        case 'J': at = push_after(at, 4, op_at); break;  // BININT
+        case 'K': at = push_integer(at, 1, false, op_at); break;  // BININT1
+        case 'M': at = push_integer(at, 2, false, op_at); break;  // BININT2
+        case 'J': at = push_integer(at, 4, true, op_at); break;   // BININT
         case 'G': at = push_after(at, 8, op_at); break;  // BINFLOAT
         case 0x82: case 0x83: case 0x84:                 // EXT1 EXT2 EXT4
           fail("names a global through copyreg's extension registry (EXT" + std::to_string(op == 0x84 ? 4 : op - 0x81) +
@@ -108,7 +141,16 @@ class walker {
         case 'U': case 'T': case 'X': case 0x8c: case 0x8d:  // strings
           at = skip_counted(at, counted_length_bytes(op), op_at, true);
           break;
-        case 'C': case 'B': case 0x8a: case 0x8b: case 0x8e: case 0x96:  // bytes, longs, bytearray
+        case 0x8a: {  // LONG1: a little-endian two's complement integer of 0 to 255 bytes
+          const std::size_t length = static_cast<unsigned char>(*need(at, 1));
+          if (length >= 1 && length <= 8) {
+            at = push_integer(at + 1, static_cast<int>(length), true, op_at);
+          } else {
+            at = skip_counted(at, 1, op_at, false);
+          }
+          break;
+        }
+        case 'C': case 'B': case 0x8b: case 0x8e: case 0x96:  // bytes, LONG4, bytearray
           at = skip_counted(at, counted_length_bytes(op), op_at, false);
           break;
         // ------------------------------------------------ push, newline-terminated argument
@@ -125,7 +167,7 @@ class walker {
         case 'c': {  // GLOBAL module\nname\n
           const std::size_t module_end = skip_line(at);
           const std::size_t name_end = skip_line(module_end);
-          push(op_at, global_kind(text(at, module_end - 1), text(module_end, name_end - 1), op_at));
+          stack_.push_back(global(text(at, module_end - 1), text(module_end, name_end - 1), op_at, op_at));
           at = name_end;
           break;
         }
@@ -133,7 +175,7 @@ class walker {
           const item name = pop();
           const item module = pop();
           if (module.kind != tag::text || name.kind != tag::text) fail("names a global by a value that is not a string", op_at);
-          push(module.start, global_kind(text_of(module), text_of(name), op_at));
+          stack_.push_back(global(text_of(module), text_of(name), module.start, op_at));
           break;
         }
         // ------------------------------------------------ memo writes: no stack change
@@ -168,6 +210,7 @@ class walker {
         case 'R': {  // REDUCE: callable, args -> result
           const item args = pop();
           const item callable = pop();
+          if (callable.kind == tag::rebuild_tensor) check_rebuilt_tensor(args, op_at);
           combine(callable.start, {callable, args}, callable.kind == tag::ordered_dict_class ? tag::ordered_dict : tag::none);
           break;
         }
@@ -179,7 +222,13 @@ class walker {
           combine(cls.start, {cls, args, kwargs});
           break;
         }
-        case 'Q': { const item pid = pop(); combine(pid.start, {pid}); break; }  // BINPERSID
+        case 'Q': {  // BINPERSID: a storage
+          const item pid = pop();
+          const storage_view storage = storage_of(pid, op_at);
+          combine(pid.start, {pid});
+          storages_[stack_.back().built] = storage;
+          break;
+        }
         case 'b': {  // BUILD: object, state -> object
           const item state = pop();
           grow(top(), {state}, op_at);
@@ -191,14 +240,20 @@ class walker {
           if (op == 'd') even_above(mark, op_at);
           const std::uint64_t values = values_above(mark);
           const std::uint32_t depth = depth_above(mark);
+          // A short tuple's elements are kept: a tensor's sizes, strides and arguments.
+          const std::size_t count = mark < stack_.size() ? stack_.size() - mark - 1 : 0;
+          const bool keep = op == 't' && count <= tuple_elements_kept;
+          std::vector<item> elements;
+          if (keep) elements.assign(stack_.end() - static_cast<std::ptrdiff_t>(count), stack_.end());
           const std::uint32_t start = pop_to_mark();
           push_built(start, saturating_sum(values, 1), depth + 1);
+          if (keep) tuples_[stack_.back().built] = std::move(elements);
           break;
         }
         case 'i': {  // INST module\nname\n
           const std::size_t module_end = skip_line(at);
           const std::size_t name_end = skip_line(module_end);
-          global_kind(text(at, module_end - 1), text(module_end, name_end - 1), op_at);
+          (void)global(text(at, module_end - 1), text(module_end, name_end - 1), op_at, op_at);
           at = name_end;
           const std::size_t mark = marks_.empty() ? stack_.size() : marks_.back();
           const std::uint64_t values = values_above(mark);
@@ -206,13 +261,25 @@ class walker {
           push_built(pop_to_mark(), saturating_sum(values, 1), depth + 1);
           break;
         }
-        case 0x85: { const item a = pop(); combine(a.start, {a}); break; }  // TUPLE1
-        case 0x86: { const item b = pop(); const item a = pop(); combine(a.start, {a, b}); break; }  // TUPLE2
+        case 0x85: {  // TUPLE1
+          const item a = pop();
+          combine(a.start, {a});
+          tuples_[stack_.back().built] = {a};
+          break;
+        }
+        case 0x86: {  // TUPLE2
+          const item b = pop();
+          const item a = pop();
+          combine(a.start, {a, b});
+          tuples_[stack_.back().built] = {a, b};
+          break;
+        }
         case 0x87: {  // TUPLE3
           const item c = pop();
           const item b = pop();
           const item a = pop();
           combine(a.start, {a, b, c});
+          tuples_[stack_.back().built] = {a, b, c};
           break;
         }
         case 'e': case 0x90: case 'u': {  // APPENDS ADDITEMS SETITEMS
@@ -277,20 +344,24 @@ class walker {
 
   // A length-prefixed text's characters, found again from its opcode.
   std::string_view text_of(const item& string) const {
-    const std::size_t at = string.text_at;
+    const std::size_t at = string.detail;
     const int length_bytes = counted_length_bytes(static_cast<unsigned char>(data_[at]));
     const std::uint64_t length = little_endian(data_ + at + 1, length_bytes);
     return {data_ + at + 1 + length_bytes, static_cast<std::size_t>(length)};
   }
 
-  tag global_kind(std::string_view module, std::string_view name, std::uint32_t op_at) const {
+  // The global as a stack item (starting at start), once it is one loom resolves.
+  item global(std::string_view module, std::string_view name, std::uint32_t start, std::uint32_t op_at) const {
     if (!is_resolved_global(module, name)) {
       fail("names the global " + std::string(module) + "." + std::string(name) +
                ", which loom does not resolve: a checkpoint holds tensors, numbers, strings, lists, tuples and dicts, "
                "and loom resolves only " + resolved_globals_text,
            op_at);
     }
-    return module == "collections" ? tag::ordered_dict_class : tag::none;
+    if (module == "collections") return {start, no_entry, 0, tag::ordered_dict_class};
+    if (module == "torch._utils") return {start, no_entry, 0, tag::rebuild_tensor};
+    if (module == "torch") return {start, no_entry, storage_element_size(name), tag::storage_class};
+    return {start, no_entry, 0, tag::none};
   }
 
   std::uint64_t decimal(std::size_t from, std::size_t to, std::uint32_t op_at) const {
@@ -333,6 +404,79 @@ class walker {
     need(at, length);
     stack_.push_back({op_at, no_entry, op_at, is_text ? tag::text : tag::none});
     return at + length;
+  }
+
+  // ------------------------------------------------ tensors
+  std::size_t push_integer(std::size_t at, int bytes, bool is_signed, std::uint32_t op_at) {
+    std::uint64_t value = little_endian(need(at, static_cast<std::size_t>(bytes)), bytes);
+    if (is_signed && bytes < 8 && (value >> (8 * bytes - 1)) != 0) value |= ~std::uint64_t{0} << (8 * bytes);
+    integers_.push_back(static_cast<std::int64_t>(value));
+    stack_.push_back({op_at, no_entry, static_cast<std::uint32_t>(integers_.size() - 1), tag::integer});
+    return at + static_cast<std::size_t>(bytes);
+  }
+  const std::vector<item>* tuple_of(const item& value) const {
+    if (value.built == no_entry) return nullptr;
+    const auto found = tuples_.find(value.built);
+    return found == tuples_.end() ? nullptr : &found->second;
+  }
+  // A tuple of integers (a tensor's sizes or strides), or false.
+  bool integers_of(const item& value, std::vector<std::int64_t>& out) const {
+    const std::vector<item>* elements = tuple_of(value);
+    if (elements == nullptr) return false;
+    out.clear();
+    for (const item& element : *elements) {
+      if (element.kind != tag::integer) return false;
+      out.push_back(integers_[element.detail]);
+    }
+    return true;
+  }
+
+  // The storage a persistent id names: ('storage', torch.<T>Storage, key,
+  // location, numel), as torch.save and LibTorch write it, its bytes no
+  // more than the record data/<key> holds.
+  storage_view storage_of(const item& pid, std::uint32_t op_at) const {
+    const std::vector<item>* parts = tuple_of(pid);
+    if (parts == nullptr || parts->size() != 5 || (*parts)[0].kind != tag::text || text_of((*parts)[0]) != "storage" ||
+        (*parts)[1].kind != tag::storage_class || (*parts)[2].kind != tag::text || (*parts)[4].kind != tag::integer) {
+      fail("has a persistent id other than ('storage', torch.<type>Storage, key, location, numel)", op_at);
+    }
+    storage_view storage{(*parts)[1].detail, integers_[(*parts)[4].detail], std::string(text_of((*parts)[2]))};
+    const std::optional<std::uint64_t> record = record_bytes_(storage.key);
+    if (!record) fail("names the storage record data/" + storage.key + ", which the archive does not hold", op_at);
+    std::uint64_t bytes = 0;
+    if (storage.numel < 0 || __builtin_mul_overflow(static_cast<std::uint64_t>(storage.numel), storage.element_size, &bytes) ||
+        bytes > *record) {
+      fail("declares a storage of " + std::to_string(storage.numel) + " elements of " +
+               std::to_string(storage.element_size) + " bytes over record data/" + storage.key + ", which holds " +
+               std::to_string(*record) + " bytes",
+           op_at);
+    }
+    return storage;
+  }
+
+  // torch._utils._rebuild_tensor_v2(storage, offset, sizes, strides, ...):
+  // the view must lie inside the storage before LibTorch builds it.
+  void check_rebuilt_tensor(const item& args, std::uint32_t op_at) const {
+    const std::vector<item>* parts = tuple_of(args);
+    std::vector<std::int64_t> sizes, strides;
+    const auto storage = parts != nullptr && !parts->empty() && (*parts)[0].built != no_entry
+                             ? storages_.find((*parts)[0].built)
+                             : storages_.end();
+    if (parts == nullptr || parts->size() < 4 || storage == storages_.end() || (*parts)[1].kind != tag::integer ||
+        !integers_of((*parts)[2], sizes) || !integers_of((*parts)[3], strides) || sizes.size() != strides.size()) {
+      fail("rebuilds a tensor from arguments other than (storage, offset, sizes, strides, ...)", op_at);
+    }
+    const std::int64_t offset = integers_[(*parts)[1].detail];
+    const std::int64_t extent = view_extent(offset, sizes.data(), strides.data(), sizes.size());
+    if (extent < 0 || extent > storage->second.numel) {
+      std::string shape = "sizes [";
+      for (std::size_t d = 0; d < sizes.size(); ++d) shape += (d ? ", " : "") + std::to_string(sizes[d]);
+      shape += "], strides [";
+      for (std::size_t d = 0; d < strides.size(); ++d) shape += (d ? ", " : "") + std::to_string(strides[d]);
+      fail("rebuilds a tensor (" + shape + "], offset " + std::to_string(offset) + ") that reaches past its storage of " +
+               std::to_string(storage->second.numel) + " elements (record data/" + storage->second.key + ")",
+           op_at);
+    }
   }
 
   // ------------------------------------------------ the memo
@@ -475,6 +619,7 @@ class walker {
     return out;
   }
 
+  const record_size& record_bytes_;
   const char* data_;
   std::size_t size_;
   std::uint64_t value_budget_;
@@ -483,6 +628,9 @@ class walker {
   std::vector<built_value> built_;
   std::vector<item> memo_;  // a MARK-tagged entry: never stored
   std::uint64_t memo_count_ = 0;
+  std::vector<std::int64_t> integers_;                            // the values of integer items
+  std::unordered_map<std::uint32_t, std::vector<item>> tuples_;   // built entry -> a short tuple's elements
+  std::unordered_map<std::uint32_t, storage_view> storages_;      // built entry -> a storage's record and size
   std::map<std::size_t, int> marks_before_;     // original offset -> MARKs to insert before it
   std::map<std::size_t, char> replace_;         // APPEND -> APPENDS, SETITEM -> SETITEMS
   std::map<std::size_t, std::size_t> dropped_;  // FRAME opcodes (offset -> length)
@@ -490,6 +638,8 @@ class walker {
 
 }  // namespace
 
-pickle_fixup validate_and_fix_pickle(const std::vector<char>& pickle) { return walker(pickle).run(); }
+pickle_fixup validate_and_fix_pickle(const std::vector<char>& pickle, const record_size& record_bytes) {
+  return walker(pickle, record_bytes).run();
+}
 
 }  // namespace loom::detail

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,7 +43,15 @@ struct pickle_fixup {
 // appended item's opcodes start), and FRAME opcodes are dropped (their
 // lengths would no longer hold). Also reports an OrderedDict that receives
 // items, which the unpickler cannot build.
-pickle_fixup validate_and_fix_pickle(const std::vector<char>& pickle);
+//
+// And checks every tensor the pickle rebuilds (torch._utils._rebuild_tensor_v2)
+// before LibTorch builds it: its persistent id names a record the archive
+// holds (record_bytes(key): the size of record data/<key>, nullopt when
+// there is none), its storage's numel times its type's element size fits
+// in that record, and its view (offset, sizes, strides) lies inside its
+// storage.
+using record_size = std::function<std::optional<std::uint64_t>(const std::string& key)>;
+pickle_fixup validate_and_fix_pickle(const std::vector<char>& pickle, const record_size& record_bytes);
 
 // The globals loom resolves, as a sentence for error messages and docs.
 extern const char* const resolved_globals_text;

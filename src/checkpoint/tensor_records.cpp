@@ -2,6 +2,7 @@
 
 #include "torch_archive.hpp"
 #include "unpickled_value.hpp"
+#include "view_extent.hpp"
 
 #include <ATen/ATen.h>
 
@@ -21,22 +22,6 @@ std::string view_text(const at::Tensor& tensor) {
   text += "], strides [";
   for (int64_t d = 0; d < tensor.dim(); ++d) text += (d ? ", " : "") + std::to_string(tensor.strides()[static_cast<std::size_t>(d)]);
   return text + "], offset " + std::to_string(tensor.storage_offset());
-}
-
-// The element one past the last the view reaches (0 for an empty view), or
-// -1 when a size or stride is negative or the sum does not fit.
-int64_t view_extent(const at::Tensor& tensor) {
-  int64_t last = tensor.storage_offset();
-  if (last < 0) return -1;
-  for (int64_t d = 0; d < tensor.dim(); ++d) {
-    const int64_t size = tensor.sizes()[static_cast<std::size_t>(d)];
-    const int64_t stride = tensor.strides()[static_cast<std::size_t>(d)];
-    if (size < 0 || stride < 0) return -1;
-    if (size == 0) return 0;
-    int64_t step = 0;
-    if (__builtin_mul_overflow(size - 1, stride, &step) || __builtin_add_overflow(last, step, &last)) return -1;
-  }
-  return last + 1;
 }
 
 }  // namespace
@@ -69,7 +54,8 @@ void tensor_records::check_views(c10::IValue& value, const std::string& path) co
                 record_name + " holds " + std::to_string(record_bytes) + " (a forged or damaged file)";
       return;
     }
-    const int64_t extent = view_extent(tensor);
+    const int64_t extent = view_extent(tensor.storage_offset(), tensor.sizes().data(), tensor.strides().data(),
+                                       tensor.sizes().size());
     const int64_t elements = static_cast<int64_t>(storage.nbytes() / tensor.element_size());
     if (extent < 0 || extent > elements) {
       refusal = "the tensor at " + place + " (" + view_text(tensor) + ") reaches past its storage of " +

@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -376,7 +377,12 @@ c10::IValue read_torch_archive(const std::vector<char>& bytes, const std::string
     const std::size_t pickle_size = pickle_record->bytes;
     pickle_fixup fixed;
     try {
-      fixed = validate_and_fix_pickle(std::vector<char>(first, first + pickle_size));
+      fixed = validate_and_fix_pickle(std::vector<char>(first, first + pickle_size),
+                                      [&zip](const std::string& key) -> std::optional<std::uint64_t> {
+                                        const zip_record* record = zip.find("data/" + key);
+                                        if (record == nullptr) return std::nullopt;
+                                        return record->bytes;
+                                      });
     } catch (const std::runtime_error& error) {
       fail_checkpoint(path, std::string("record data.pkl cannot be decoded: ") + error.what());
     }
