@@ -633,6 +633,16 @@ std::string pickle_bytes(const char (&literal)[N]) {
   return std::string(literal, N - 1);
 }
 
+// The checkpoint_error reading these archive bytes raises, or "no error".
+std::string refusal_of_archive(const std::vector<char>& archive, const std::string& name) {
+  try {
+    loom::detail::read_torch_archive(archive, name);
+  } catch (const loom::checkpoint_error& error) {
+    return error.what();
+  }
+  return "no error";
+}
+
 void replace_once(std::string& text, const std::string& from, const std::string& to) {
   std::string shown;  // the pickle, printable, when the edit does not apply
   for (const char c : text) {
@@ -692,14 +702,7 @@ TEST_CASE("a tensor that reaches past its record is refused before anything read
 // unpickler runs.
 TEST_CASE("pickles nested without bound, containing themselves or amplified are refused before unpickling",
           "[checkpoint]") {
-  const auto refusal_of = [](const std::string& pickle) {
-    try {
-      loom::detail::read_torch_archive(archive_of_pickle(pickle), "forged.pt");
-    } catch (const loom::checkpoint_error& error) {
-      return std::string(error.what());
-    }
-    return std::string("no error");
-  };
+  const auto refusal_of = [](const std::string& pickle) { return refusal_of_archive(archive_of_pickle(pickle), "forged.pt"); };
   constexpr std::size_t depth = 100000;
   const std::string deep = pickle_bytes("\x80\x02") + std::string(depth, ']') + std::string(depth - 1, 'a') + ".";
   CHECK_THAT(refusal_of(deep), Catch::Contains("checkpoint forged.pt: record data.pkl cannot be decoded: the pickle "
@@ -826,14 +829,7 @@ TEST_CASE("an unpickled value that contains itself is refused and taken apart", 
 // A forged pickle cannot run code: loom resolves only the globals a
 // checkpoint needs, and names any other with the list it accepts.
 TEST_CASE("a pickle naming a global loom does not resolve is refused with the list it accepts", "[checkpoint]") {
-  const auto refusal_of = [](const std::string& pickle) {
-    try {
-      loom::detail::read_torch_archive(archive_of_pickle(pickle), "malicious.pt");
-    } catch (const loom::checkpoint_error& error) {
-      return std::string(error.what());
-    }
-    return std::string("no error");
-  };
+  const auto refusal_of = [](const std::string& pickle) { return refusal_of_archive(archive_of_pickle(pickle), "malicious.pt"); };
   // os.system("ls") by GLOBAL and REDUCE (protocol 2, what torch.save writes).
   const std::string system = pickle_bytes("\x80\x02" "cos\nsystem\nq\x00X\x02\x00\x00\x00lsq\x01\x85q\x02Rq\x03.");
   CHECK_THAT(refusal_of(system),
