@@ -294,6 +294,29 @@ TEST_CASE("a checkpoint of loom's earlier format (a header before the archive) s
   file[file.size() / 2] = static_cast<char>(file[file.size() / 2] ^ 0x5A);
   write_bytes(dir.file("old-flip.ckpt"), file);
   CHECK_THROWS_WITH(fabric.load(dir.file("old-flip.ckpt"), {{"model", model}}), Catch::Contains("CRC32 mismatch"));
+
+  // Its payload goes through the same zip walk as format 2 (LibTorch's
+  // pickle_load read it unchecked): a record marked compressed is refused,
+  // though the header's CRC32 is right.
+  std::vector<char> compressed = payload;
+  const std::string payload_text(compressed.begin(), compressed.end());
+  // The directory's first entry (the payload's records hold zips of their own: search from the directory).
+  const std::size_t end_record = payload_text.rfind(std::string("PK\x05\x06", 4));
+  REQUIRE(end_record != std::string::npos);
+  std::uint32_t directory = 0;
+  std::memcpy(&directory, payload_text.data() + end_record + 16, 4);
+  REQUIRE(payload_text.compare(directory, 4, std::string("PK\x01\x02", 4)) == 0);
+  compressed[directory + 10] = 8;  // method: deflate
+  std::string forged = "LOOMCKPT";
+  forged.push_back(1), forged.append(3, '\0');
+  for (int i = 0; i < 8; ++i) forged.push_back(static_cast<char>((compressed.size() >> (8 * i)) & 0xFF));
+  const auto crc = crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(compressed.data()),
+                         static_cast<uInt>(compressed.size()));
+  for (int i = 0; i < 4; ++i) forged.push_back(static_cast<char>((crc >> (8 * i)) & 0xFF));
+  forged.append(compressed.data(), compressed.size());
+  write_bytes(dir.file("old-compressed.ckpt"), forged);
+  CHECK_THROWS_WITH(fabric.load(dir.file("old-compressed.ckpt"), {{"model", model}}),
+                    Catch::Contains("holds a compressed record"));
 }
 
 struct custom_sgd : torch::optim::SGD {
