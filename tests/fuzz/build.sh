@@ -41,18 +41,29 @@ common="-std=c++20 -include ATen/core/ivalue.h -I$root/src -I$root/include -I$ro
 -D_GLIBCXX_USE_CXX11_ABI=1 -DUSE_C10D_GLOO -DLOOM_FUZZING"
 
 mkdir -p "$out/obj-$mode"
-export flags instrument common root out mode
-# shellcheck disable=SC2016  # expanded by the inner sh, once per source
-printf '%s\n' $sources | xargs -P "$(nproc)" -I{} sh -c '
-  object="$out/obj-$mode/$(echo "{}" | tr / _).o"
-  if [ ! -f "$object" ] || [ "$root/{}" -nt "$object" ]; then
-    # shellcheck disable=SC2086
-    clang++ $common $flags $instrument -c "$root/{}" -o "$object" || exit 255
-  fi'
+# compile SOURCE: its object, unless one newer than the source is there.
+compile() {
+  object="$out/obj-$mode/$(echo "$1" | tr / _).o"
+  if [ -n "$(find "$object" -newer "$root/$1" 2> /dev/null)" ]; then return; fi
+  rm -f "$object"
+  clang++ $common $flags $instrument -c "$root/$1" -o "$object" || echo "build.sh: $1 did not compile" >&2
+}
+running=0
+for source in $sources; do
+  compile "$source" &
+  running=$((running + 1))
+  if [ "$running" -ge "$(nproc)" ]; then
+    wait
+    running=0
+  fi
+done
+wait
+for source in $sources; do
+  [ -f "$out/obj-$mode/$(echo "$source" | tr / _).o" ] || exit 1
+done
 for target in $targets; do
-  # shellcheck disable=SC2086
   clang++ $common $flags -fsanitize=fuzzer -DLOOM_FUZZ_TARGET="$target" "$root/tests/fuzz/libfuzzer_entry.cpp" \
     "$out/obj-$mode"/*.o -L"$build/src" -lloom -Wl,-rpath,"$build/src" -ltorch -ltorch_cpu -lc10 -lz \
     -o "$out/${mode}_$target"
 done
-echo "build.sh: $(echo $targets | wc -w) $mode binaries in $out ($(echo "$sources" | wc -w) sources compiled with clang)"
+echo "build.sh: $(echo "$targets" | wc -w) $mode binaries in $out ($(echo "$sources" | wc -w) sources compiled with clang)"

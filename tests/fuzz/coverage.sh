@@ -22,7 +22,6 @@ for target in $targets; do
     if [ -d "$extra/corpus-$target" ]; then inputs="$inputs $extra/corpus-$target"; fi
   done
   # -runs=0: each input of the directories once, no mutation.
-  # shellcheck disable=SC2086
   LLVM_PROFILE_FILE="$out/profiles/$target-%p.profraw" "$out/coverage_$target" -runs=0 $inputs \
     > "$out/coverage-$target.log" 2>&1 || { tail -n 20 "$out/coverage-$target.log"; exit 1; }
   if [ -z "$objects" ]; then objects="$out/coverage_$target"; else objects="$objects -object=$out/coverage_$target"; fi
@@ -34,10 +33,8 @@ src/checkpoint/deepspeed_layout.cpp src/strategy/zero_config.cpp src/data/idx.cp
 src/util/outside_json.cpp"
 paths=""
 for file in $files; do paths="$paths $root/$file"; done
-# shellcheck disable=SC2086
 llvm-cov report $objects -instr-profile="$out/corpus.profdata" $paths | sed "s|$root/||"
 for file in $files; do
-  # shellcheck disable=SC2086
   llvm-cov show $objects -instr-profile="$out/corpus.profdata" -show-line-counts "$root/$file" |
     awk -F'|' '$2 ~ /^ *0$/ { print $1 ": " $3 }' > "$out/uncovered-$(basename "$file").txt"
 done

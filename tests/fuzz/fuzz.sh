@@ -24,5 +24,5 @@ ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=0 UBSAN_OPTIONS=print_stac
   "$out/corpus-$target" "$root/tests/fuzz/corpus/$target" > "$out/fuzz-$target.log" 2>&1 || status=$?
 end=$(date +%s)
 grep -E 'DONE|stat::number_of_executed_units|stat::average_exec_per_sec|ERROR|SUMMARY' "$out/fuzz-$target.log" | tail -n 6
-echo "fuzz.sh: $target: exit $status after $((end - start)) s; findings: $(ls "$out/findings-$target" | wc -l)"
+echo "fuzz.sh: $target: exit $status after $((end - start)) s; findings: $(find "$out/findings-$target" -type f | wc -l)"
 exit "$status"
