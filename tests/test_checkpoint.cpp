@@ -804,6 +804,15 @@ TEST_CASE("a torch archive LibTorch's reader would throw on in its constructor i
   encrypted[central + 8] = static_cast<char>(encrypted[central + 8] | 1);
   CHECK_THROWS_WITH(loom::detail::verify_zip_records(encrypted, "encrypted.pt"),
                     Catch::Contains("with zip flags 0x0809 (encrypted, patched or masked)"));
+  // The ZIP64 end record (which the writer always adds) says no entries, the
+  // end record says 3: its locator is there, so the ZIP64 record counts, as
+  // in miniz (loom read the end record alone, and the two differed).
+  std::vector<char> zip64 = with_version("3\n");
+  const std::string zip64_text(zip64.begin(), zip64.end());
+  const std::size_t zip64_record = zip64_text.rfind(std::string("PK\x06\x06", 4));
+  REQUIRE(zip64_record != std::string::npos);
+  std::memset(zip64.data() + zip64_record + 24, 0, 16);  // entries on this disk, entries in all
+  CHECK_THROWS_WITH(loom::detail::verify_zip_records(zip64, "zip64.pt"), Catch::Contains("a zip archive with no records"));
 }
 
 // What LibTorch built is checked again (a second line behind the pickle's
@@ -969,6 +978,62 @@ TEST_CASE("an optimizer state whose step is no step count is refused", "[checkpo
     CHECK_THROWS_WITH(loom::load_checkpoint(dir.file("forged.ckpt"), {{"model", model}, {"optimizer", optimizer}}),
                       Catch::Contains("has a step that is not a step count (0 to 2^53)"));
   }
+}
+
+// Files of a sharded checkpoint from outside (found by fuzzing, inputs in
+// tests/fuzz/corpus/sharded_index/ and sharded_rank/): an index entry
+// without its fields escaped as std::out_of_range (now refused), and a rank
+// file whose optimizer state has a key that is not a string as c10::Error
+// (now kept unmerged, as every field that is not a slice).
+TEST_CASE("a sharded checkpoint's forged index entry or state key is refused", "[checkpoint]") {
+  loom_test::scratch_dir dir("ckpt-sharded-forged");
+  torch::nn::Linear model(4, 3);
+  torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(0.01));
+  model(torch::ones({2, 4})).sum().backward();
+  optimizer.step();
+  loom::shard_layout slices;
+  for (const auto& item : model->named_parameters()) {
+    slices[item.key()] = loom::shard_range{0, item.value().numel(), item.value().sizes().vec()};
+  }
+  loom::comm::process_group alone;
+  const std::string path = dir.file("sharded");
+  loom::save_sharded_checkpoint(path, {{"model", model}, {"optimizer", optimizer}}, {}, slices, alone);
+  const std::string meta = path + "/meta.pt";
+  const std::string rank = path + "/shard_0_of_1.pt";
+  const loom::checkpoint_contents honest_meta = loom::read_checkpoint(meta);
+  CHECK_NOTHROW(loom::read_sharded_checkpoint(path));
+
+  // The index's entry for the rank file without its CRC32.
+  loom::checkpoint_contents forged = loom::read_checkpoint(meta);
+  auto files = forged.entries.at("__loom_shard_files__").toList();
+  c10::impl::GenericDict entry = files.get(0).toGenericDict().copy();
+  REQUIRE(entry.erase("crc32") == 1);
+  files.set(0, entry);
+  loom::write_checkpoint(meta, forged);
+  CHECK_THROWS_WITH(loom::read_sharded_checkpoint(path),
+                    Catch::Contains("lists a file as something other than {'name': str, 'bytes': int >= 0"));
+  loom::write_checkpoint(meta, honest_meta);
+
+  // The rank file's optimizer state with an integer key beside 'exp_avg',
+  // written with the index's size and CRC32 to match.
+  loom::checkpoint_contents shard = loom::read_checkpoint(rank);
+  auto state = shard.entries.at("optimizer").toGenericDict().at("state").toGenericDict();
+  state.at(state.begin()->key()).toGenericDict().insert(c10::IValue(std::int64_t{7}), c10::IValue(std::int64_t{1}));
+  loom::write_checkpoint(rank, shard);
+  const std::string bytes = read_bytes(rank);
+  loom::checkpoint_contents listed = loom::read_checkpoint(meta);
+  auto listed_files = listed.entries.at("__loom_shard_files__").toList();
+  c10::impl::GenericDict listed_entry = listed_files.get(0).toGenericDict().copy();
+  listed_entry.insert_or_assign("bytes", static_cast<std::int64_t>(bytes.size()));
+  listed_entry.insert_or_assign(
+      "crc32", static_cast<std::int64_t>(crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(bytes.data()),
+                                               static_cast<uInt>(bytes.size()))));
+  listed_files.set(0, listed_entry);
+  loom::write_checkpoint(meta, listed);
+  // Such a field is kept as it is (only tensor slices are merged); before,
+  // reading its key escaped as c10::Error.
+  const loom::checkpoint_contents merged = loom::read_sharded_checkpoint(path);
+  CHECK(torch::equal(merged.entries.at("model").toGenericDict().at("weight").toTensor(), model->weight));
 }
 
 TEST_CASE("a failed save leaves the previous checkpoint and no temporary file", "[checkpoint]") {

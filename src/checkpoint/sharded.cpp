@@ -155,6 +155,7 @@ checkpoint_contents detail::merge_shards(std::vector<checkpoint_contents>& ranks
         if (range == layout.end()) continue;
         auto fields = per.value().toGenericDict().copy();
         for (const auto& field : per.value().toGenericDict()) {
+          if (!field.key().isString()) continue;  // a forged file's (found by fuzzing)
           const std::string key = field.key().toStringRef();
           // The parameter's slice, flat (sharded engines) or shaped (a
           // tensor-parallel chunk kept whole); scalars (step) are kept.

@@ -32,7 +32,7 @@ src/checkpoint/unpickled_value.cpp src/checkpoint/io.cpp src/checkpoint/manifest
 src/checkpoint/deepspeed_layout.cpp src/checkpoint/state.cpp src/checkpoint/optimizer_state.cpp
 src/util/outside_files.cpp src/util/outside_json.cpp src/strategy/zero_config.cpp src/data/idx.cpp
 tests/fuzz/targets.cpp"
-targets="pickle archive load sharded_index deepspeed_index zero_config idx"
+targets="pickle archive load sharded_index sharded_rank deepspeed_index zero_config idx"
 # -include ATen/core/ivalue.h: LibTorch 1.13's headers reached through
 # <ATen/ATen.h> first meet std::vector<c10::IValue> while IValue is only
 # declared, and clang 14 in C++20 mode instantiates vector's constexpr

@@ -26,7 +26,7 @@ import torch
 
 out = Path(sys.argv[1])
 loom_seeds = Path(sys.argv[2]) if len(sys.argv) > 2 else None
-targets = ["pickle", "archive", "load", "sharded_index", "deepspeed_index", "zero_config", "idx"]
+targets = ["pickle", "archive", "load", "sharded_index", "sharded_rank", "deepspeed_index", "zero_config", "idx"]
 for target in targets:
     (out / target).mkdir(parents=True, exist_ok=True)
 
@@ -143,6 +143,26 @@ put("archive", "forged_zip_listed_twice.pt", bytes(doubled))
 config = Path(__file__).resolve().parents[2] / "examples" / "ds_config_stage3.json"
 put("zero_config", "ds_config_stage3.json", config.read_bytes())
 put("zero_config", "minimal.json", b'{"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 4}')
+put("zero_config", "every_section.json", json.dumps({
+    "train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 4,
+    "gradient_clipping": 1.0,
+    "zero_optimization": {
+        "stage": 3, "contiguous_gradients": True, "overlap_comm": True, "reduce_scatter": True,
+        "reduce_bucket_size": 5e8, "allgather_bucket_size": 5e8, "sub_group_size": 1e9,
+        "stage3_prefetch_bucket_size": 5e7, "stage3_param_persistence_threshold": 1e5,
+        "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9,
+        "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp/nvme", "buffer_count": 4, "pin_memory": True,
+                              "fast_init": False, "ratio": 1.0},
+        "offload_param": {"device": "cpu", "buffer_count": 5, "buffer_size": 1e8, "max_in_cpu": 1e9,
+                          "pin_memory": False}},
+    "aio": {"block_size": 1048576, "queue_depth": 8, "thread_count": 1, "single_submit": False,
+            "overlap_events": True},
+    "activation_checkpointing": {"partition_activations": False, "cpu_checkpointing": False,
+                                 "contiguous_memory_optimization": False, "number_checkpoints": None,
+                                 "synchronize_checkpoint_boundary": False, "profile": False},
+    "fp16": {"enabled": False, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+             "hysteresis": 2, "min_loss_scale": 1},
+    "bf16": {"enabled": False}}).encode())
 put("zero_config", "forged_duplicate_key.json", b'{"zero_optimization": {"stage": 2, "stage": 3}}')
 put("zero_config", "forged_deep.json", b'{"zero_optimization": ' + b"[" * 100000 + b"]" * 100000 + b"}")
 put("zero_config", "forged_overflow.json",

@@ -17,6 +17,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
@@ -67,6 +68,9 @@ struct scratch {
   fs::path sharded;
   fs::path deepspeed;
   fs::path deepspeed_index;
+  fs::path sliced;            // a sharded checkpoint whose rank file lists each parameter as a slice
+  fs::path sliced_rank;
+  std::uintmax_t sliced_rank_bytes = 0;
 
   scratch() {
     root = fs::temp_directory_path() / ("loom-fuzz-" + std::to_string(::getpid()));
@@ -79,6 +83,16 @@ struct scratch {
     loom::save_deepspeed_checkpoint(deepspeed.string(), state.entries(), {}, {}, alone,
                                     [](const std::function<void()>& body) { body(); });
     deepspeed_index = deepspeed / "checkpoint" / "mp_rank_00_model_states.pt";
+    sliced = root / "sliced";
+    loom::shard_layout slices;
+    for (const auto& item : state.model->named_parameters()) {
+      slices[item.key()] = loom::shard_range{0, item.value().numel(), item.value().sizes().vec()};
+    }
+    loom::save_sharded_checkpoint(sliced.string(), state.entries(), {}, slices, alone);
+    for (const auto& entry : fs::directory_iterator(sliced)) {
+      if (entry.path().filename() != "meta.pt") sliced_rank = entry.path();
+    }
+    sliced_rank_bytes = fs::file_size(sliced_rank);
     if (!fs::exists(deepspeed_index)) throw std::logic_error("no " + deepspeed_index.string() + " after a save");
   }
   ~scratch() {
@@ -143,6 +157,18 @@ int sharded_index(const std::uint8_t* data, std::size_t size) {
   return 0;
 }
 
+int sharded_rank(const std::uint8_t* data, std::size_t size) {
+  std::vector<std::uint8_t> fitted(data, data + std::min<std::size_t>(size, files().sliced_rank_bytes));
+  fitted.resize(files().sliced_rank_bytes, 0);
+  write_file(files().sliced_rank, fitted.data(), fitted.size());
+  try {
+    (void)loom::read_sharded_checkpoint(files().sliced.string());
+  } catch (const loom::checkpoint_error& error) {
+    refused(error);
+  }
+  return 0;
+}
+
 int deepspeed_index(const std::uint8_t* data, std::size_t size) {
   write_file(files().deepspeed_index, data, size);
   try {
@@ -185,6 +211,8 @@ void write_seeds(const char* directory) {
   loom::save_checkpoint(checkpoint.string(), state.entries(), {}, {});
   fs::copy_file(checkpoint, out / "archive" / "loom.ckpt", fs::copy_options::overwrite_existing);
   fs::copy_file(files().sharded / "meta.pt", out / "sharded_index" / "meta.pt", fs::copy_options::overwrite_existing);
+  fs::copy_file(files().sliced_rank, out / "sharded_rank" / files().sliced_rank.filename(),
+                fs::copy_options::overwrite_existing);
   fs::copy_file(files().deepspeed_index, out / "deepspeed_index" / "mp_rank_00_model_states.pt",
                 fs::copy_options::overwrite_existing);
 }

@@ -28,6 +28,10 @@ int archive(const std::uint8_t* data, std::size_t size);
 int load(const std::uint8_t* data, std::size_t size);
 // The bytes as meta.pt of a sharded checkpoint whose rank file is real.
 int sharded_index(const std::uint8_t* data, std::size_t size);
+// The bytes as the rank file of a one-rank sharded checkpoint whose slices
+// are listed (each parameter a flattened range), fitted to the size meta.pt
+// records (cut, or padded with zeros): the merge of rank files' slices.
+int sharded_rank(const std::uint8_t* data, std::size_t size);
 // The bytes as the model-states index of a DeepSpeed-layout checkpoint
 // whose other files are real.
 int deepspeed_index(const std::uint8_t* data, std::size_t size);
@@ -37,8 +41,14 @@ int zero_config(const std::uint8_t* data, std::size_t size);
 int idx(const std::uint8_t* data, std::size_t size);
 
 inline constexpr target targets[] = {
-    {"pickle", &pickle},   {"archive", &archive},         {"load", &load}, {"sharded_index", &sharded_index},
-    {"deepspeed_index", &deepspeed_index}, {"zero_config", &zero_config}, {"idx", &idx},
+    {"pickle", &pickle},
+    {"archive", &archive},
+    {"load", &load},
+    {"sharded_index", &sharded_index},
+    {"sharded_rank", &sharded_rank},
+    {"deepspeed_index", &deepspeed_index},
+    {"zero_config", &zero_config},
+    {"idx", &idx},
 };
 
 // Writes seed files for every target under DIR/<target>/: checkpoints loom
