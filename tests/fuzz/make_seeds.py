@@ -163,6 +163,12 @@ put("zero_config", "every_section.json", json.dumps({
     "fp16": {"enabled": False, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
              "hysteresis": 2, "min_loss_scale": 1},
     "bf16": {"enabled": False}}).encode())
+for name, config in {"batch_and_micro": {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4},
+                     "batch_only": {"train_batch_size": 32, "gradient_accumulation_steps": 2},
+                     "fp16": {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 12}},
+                     "bf16": {"bf16": {"enabled": True}},
+                     "fp16_and_bf16": {"fp16": {"enabled": True}, "bf16": {"enabled": True}}}.items():
+    put("zero_config", f"{name}.json", json.dumps(config).encode())
 put("zero_config", "forged_duplicate_key.json", b'{"zero_optimization": {"stage": 2, "stage": 3}}')
 put("zero_config", "forged_deep.json", b'{"zero_optimization": ' + b"[" * 100000 + b"]" * 100000 + b"}")
 put("zero_config", "forged_overflow.json",

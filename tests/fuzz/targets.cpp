@@ -183,10 +183,14 @@ int zero_config(const std::uint8_t* data, std::size_t size) {
   loom::deepspeed_options options;
   options.config = std::string(reinterpret_cast<const char*>(data), size);
   if (options.config.empty() || options.config.front() != '{') options.config.insert(0, "{");  // JSON text, not a path
-  try {
-    (void)loom::resolve_zero_config(options, "32-true", 2);
-  } catch (const loom::configuration_error& error) {
-    refused(error);
+  // Under each precision family: the config's fp16 and bf16 sections are
+  // checked against the Fabric's precision.
+  for (const char* precision : {"32-true", "16-mixed", "bf16-mixed"}) {
+    try {
+      (void)loom::resolve_zero_config(options, precision, 2);
+    } catch (const loom::configuration_error& error) {
+      refused(error);
+    }
   }
   return 0;
 }

@@ -35,7 +35,8 @@ int sharded_rank(const std::uint8_t* data, std::size_t size);
 // The bytes as the model-states index of a DeepSpeed-layout checkpoint
 // whose other files are real.
 int deepspeed_index(const std::uint8_t* data, std::size_t size);
-// The bytes as a DeepSpeed JSON config (resolve_zero_config).
+// The bytes as a DeepSpeed JSON config (resolve_zero_config), under 32-true,
+// 16-mixed and bf16-mixed.
 int zero_config(const std::uint8_t* data, std::size_t size);
 // The bytes as an IDX file, plain or gzipped (read_idx).
 int idx(const std::uint8_t* data, std::size_t size);
