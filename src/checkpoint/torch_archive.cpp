@@ -23,6 +23,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 namespace loom::detail {
@@ -306,13 +307,13 @@ struct torch_zip {
   std::string folder;          // "archive/": the first record's folder, which every lookup names
   std::uint64_t version = 0;   // the folder's version record
   std::vector<zip_record> records;
+  // Name -> position in records (names are unique: refuse_shared_bytes), so
+  // a checkpoint of many tensors finds each record without a scan of all.
+  std::unordered_map<std::string, std::size_t> by_name;
 
   const zip_record* find(const std::string& name) const {
-    const std::string full = folder + name;
-    for (const auto& record : records) {
-      if (record.name == full) return &record;
-    }
-    return nullptr;
+    const auto found = by_name.find(folder + name);
+    return found == by_name.end() ? nullptr : &records[found->second];
   }
 };
 
@@ -351,6 +352,7 @@ torch_zip read_torch_zip(const std::vector<char>& bytes, const std::string& path
   torch_zip zip;
   zip.records = read_entries(data, bytes.size(), directory, path);
   refuse_shared_bytes(zip.records, directory, path);
+  for (std::size_t i = 0; i < zip.records.size(); ++i) zip.by_name.emplace(zip.records[i].name, i);
   read_folder_and_version(zip, data, path);
   for (const auto& record : zip.records) {
     if (!crc_matches(data + record.start, record.bytes, record.crc)) {
