@@ -113,70 +113,65 @@ void refused(const std::exception& error) {
   if (verbose) std::fprintf(stderr, "  refused: %s\n", error.what());
 }
 
-}  // namespace
-
-int pickle(const std::uint8_t* data, std::size_t size) {
+// Runs read, catching only Error, the refusal its reader documents: any
+// other exception escapes, a finding.
+template <class Error, class Read>
+int refused_only_as(Read read) {
   try {
-    // Records data/0 to data/9 hold 4 kB each; no other record exists.
-    (void)loom::detail::validate_and_fix_pickle(bytes_of(data, size), [](const std::string& key) {
-      return key.size() == 1 && key[0] >= '0' && key[0] <= '9' ? std::optional<std::uint64_t>(4096) : std::nullopt;
-    });
-  } catch (const std::runtime_error&) {  // its documented refusal
+    read();
+  } catch (const Error& error) {
+    refused(error);
   }
   return 0;
 }
 
+}  // namespace
+
+int pickle(const std::uint8_t* data, std::size_t size) {
+  // Records data/0 to data/9 hold 4 kB each; no other record exists.
+  return refused_only_as<std::runtime_error>([&] {
+    (void)loom::detail::validate_and_fix_pickle(bytes_of(data, size), [](const std::string& key) {
+      return key.size() == 1 && key[0] >= '0' && key[0] <= '9' ? std::optional<std::uint64_t>(4096) : std::nullopt;
+    });
+  });
+}
+
 int archive(const std::uint8_t* data, std::size_t size) {
-  try {
+  return refused_only_as<loom::checkpoint_error>([&] {
     (void)loom::detail::read_torch_archive(bytes_of(data, size), "fuzz.pt");
-  } catch (const loom::checkpoint_error& error) {
-    refused(error);
-  }
-  return 0;
+  });
 }
 
 int load(const std::uint8_t* data, std::size_t size) {
   const fs::path path = files().root / "load.ckpt";
   write_file(path, data, size);
   training_state target;
-  try {
+  return refused_only_as<loom::checkpoint_error>([&] {
     (void)loom::load_checkpoint(path.string(), target.entries());
-  } catch (const loom::checkpoint_error& error) {
-    refused(error);
-  }
-  return 0;
+  });
 }
 
 int sharded_index(const std::uint8_t* data, std::size_t size) {
   write_file(files().sharded / "meta.pt", data, size);
-  try {
+  return refused_only_as<loom::checkpoint_error>([&] {
     (void)loom::read_sharded_checkpoint(files().sharded.string());
-  } catch (const loom::checkpoint_error& error) {
-    refused(error);
-  }
-  return 0;
+  });
 }
 
 int sharded_rank(const std::uint8_t* data, std::size_t size) {
   std::vector<std::uint8_t> fitted(data, data + std::min<std::size_t>(size, files().sliced_rank_bytes));
   fitted.resize(files().sliced_rank_bytes, 0);
   write_file(files().sliced_rank, fitted.data(), fitted.size());
-  try {
+  return refused_only_as<loom::checkpoint_error>([&] {
     (void)loom::read_sharded_checkpoint(files().sliced.string());
-  } catch (const loom::checkpoint_error& error) {
-    refused(error);
-  }
-  return 0;
+  });
 }
 
 int deepspeed_index(const std::uint8_t* data, std::size_t size) {
   write_file(files().deepspeed_index, data, size);
-  try {
+  return refused_only_as<loom::checkpoint_error>([&] {
     (void)loom::read_deepspeed_checkpoint(files().deepspeed.string());
-  } catch (const loom::checkpoint_error& error) {
-    refused(error);
-  }
-  return 0;
+  });
 }
 
 int zero_config(const std::uint8_t* data, std::size_t size) {
@@ -186,11 +181,7 @@ int zero_config(const std::uint8_t* data, std::size_t size) {
   // Under each precision family: the config's fp16 and bf16 sections are
   // checked against the Fabric's precision.
   for (const char* precision : {"32-true", "16-mixed", "bf16-mixed"}) {
-    try {
-      (void)loom::resolve_zero_config(options, precision, 2);
-    } catch (const loom::configuration_error& error) {
-      refused(error);
-    }
+    refused_only_as<loom::configuration_error>([&] { (void)loom::resolve_zero_config(options, precision, 2); });
   }
   return 0;
 }
@@ -199,12 +190,9 @@ int idx(const std::uint8_t* data, std::size_t size) {
   // The name decides nothing: read_idx looks at the bytes (gzip or plain).
   const fs::path path = files().root / "input.idx";
   write_file(path, data, size);
-  try {
+  return refused_only_as<loom::data_error>([&] {
     (void)loom::data::read_idx(path.string());
-  } catch (const loom::data_error& error) {
-    refused(error);
-  }
-  return 0;
+  });
 }
 
 void write_seeds(const char* directory) {
