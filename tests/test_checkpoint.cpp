@@ -5,6 +5,8 @@
 #include "allocation_counter.hpp"
 
 #include "catch.hpp"
+#include "../src/checkpoint/python_pickle.hpp"
+#include "../src/checkpoint/structure_budget.hpp"
 #include "../src/checkpoint/tensor_records.hpp"
 #include "../src/checkpoint/torch_archive.hpp"
 #include "../src/checkpoint/unpickled_value.hpp"
@@ -892,15 +894,15 @@ TEST_CASE("a pickle naming a global loom does not resolve is refused with the li
 // Bounded allocation on load, measured at the malloc level (every block of
 // the process, file buffers included; allocation_counter.cpp): each forged
 // file is refused, naming the file and what is wrong, before loom allocates
-// more than the bound stated in docs/checkpoints.md: the file's size, twice
-// (the bytes read, the pickle's own copy), plus 64 bytes per pickle byte
-// (the walk's stack, counts, memo and kept tuples, with vector growth),
-// plus a fixed 1 MiB.
+// more than the bound stated in docs/checkpoints.md: the file's size (the
+// bytes read; the pickle is read where it lies), plus a fixed margin: the
+// structure budget (what checking the zip directory and the pickle may
+// hold, structure_budget.hpp) and 1 MiB for everything else.
 TEST_CASE("a forged file is refused before its load allocates more than the bound", "[checkpoint]") {
   loom_test::scratch_dir dir("ckpt-allocation");
   const at::Tensor tensor = at::arange(6, at::kFloat).reshape({2, 3});
   const auto refused_within_bound = [&](const std::string& name, const std::vector<char>& bytes,
-                                        std::size_t pickle_bytes, const std::string& expected) {
+                                        const std::string& expected) {
     write_bytes(dir.file(name), std::string(bytes.begin(), bytes.end()));
     const unsigned long long before = loom_test::heap_live_bytes();
     loom_test::reset_heap_peak();
@@ -911,7 +913,7 @@ TEST_CASE("a forged file is refused before its load allocates more than the boun
       refusal = error.what();
     }
     const unsigned long long peak = loom_test::heap_peak_bytes() - before;
-    const unsigned long long bound = 2 * bytes.size() + 64 * pickle_bytes + (1ULL << 20);
+    const unsigned long long bound = bytes.size() + loom::detail::checkpoint_structure_budget + (1ULL << 20);
     std::printf("allocation bound: %-26s file %9zu B, peak %10llu B, bound %10llu B\n", name.c_str(), bytes.size(),
                 peak, bound);
     INFO(name << ": " << refusal);
@@ -922,29 +924,73 @@ TEST_CASE("a forged file is refused before its load allocates more than the boun
   refused_within_bound("huge_tensor.pt", forged_archive(tensor, [](std::string& pickle) {
     replace_once(pickle, pickle_bytes("(K\x02K\x03t(K\x03K\x01t"),
                  pickle_bytes("(J\x40\x42\x0f\x00J\x40\x42\x0f\x00t(J\x40\x42\x0f\x00K\x01t"));
-  }), 200, "that reaches past its storage of 6 elements");
+  }), "that reaches past its storage of 6 elements");
   // A storage of 2^28 floats (1 GiB) over a record of 24 bytes.
   refused_within_bound("huge_storage.pt", forged_archive(tensor, [](std::string& pickle) {
     replace_once(pickle, pickle_bytes("K\x06tQ"), pickle_bytes("J\x00\x00\x00\x10tQ"));
-  }), 200, "declares a storage of 268435456 elements of 4 bytes over record data/0, which holds 24 bytes");
+  }), "declares a storage of 268435456 elements of 4 bytes over record data/0, which holds 24 bytes");
   // Lists nested 10^6 deep.
   constexpr std::size_t depth = 1000000;
   const std::string deep = pickle_bytes("\x80\x02") + std::string(depth, ']') + std::string(depth - 1, 'a') + ".";
-  refused_within_bound("deep.pt", archive_of_pickle(deep), deep.size(), "nests containers deeper than 1000 levels");
+  refused_within_bound("deep.pt", archive_of_pickle(deep), "nests containers deeper than 1000 levels");
   // A 40 kB memo graph that decodes to 10^8 values.
   std::string graph = pickle_bytes("\x80\x02]q\x00(");
   for (int i = 0; i < 10000; ++i) graph += pickle_bytes("K\x01");
   graph += "e0](";
   for (int i = 0; i < 10000; ++i) graph += pickle_bytes("h\x00");
   graph += "e.";
-  refused_within_bound("amplified.pt", archive_of_pickle(graph), graph.size(), "decodes to more than");
+  refused_within_bound("amplified.pt", archive_of_pickle(graph), "decodes to more than");
   // A record whose declared size (0xFFFFFFF0 in the directory) is far larger than the file.
   std::vector<char> huge_record = forged_archive(tensor, [](std::string&) {});
   const std::string text(huge_record.begin(), huge_record.end());
   const std::size_t entry = text.find(std::string("PK\x01\x02", 4) , text.find(std::string("PK\x01\x02", 4)) + 4);
   REQUIRE(entry != std::string::npos);
   for (const int field : {20, 24}) std::memcpy(huge_record.data() + entry + field, "\xf0\xff\xff\xff", 4);
-  refused_within_bound("huge_record.pt", huge_record, 200, "runs past the end of the file");
+  refused_within_bound("huge_record.pt", huge_record, "runs past the end of the file");
+}
+
+// What checking a file's structure holds (the zip index, the pickle walk's
+// stack, memo, containers and kept tuples) is charged to one fixed budget:
+// an honest file of many tensors fits it with room to spare, and a file
+// whose structure needs more is refused at the budget, whatever its size.
+TEST_CASE("checking a checkpoint's structure holds at most the structure budget", "[checkpoint]") {
+  constexpr int tensors = 10000;
+  c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
+  for (int i = 0; i < tensors; ++i) dict.insert("layers." + std::to_string(i) + ".weight", at::zeros({2, 3}));
+  const std::vector<char> archive = loom::detail::write_torch_archive(dict);
+  loom::detail::structure_budget budget;
+  const c10::IValue read = loom::detail::read_torch_archive(archive, "many.pt", budget);
+  CHECK(read.toGenericDict().size() == static_cast<std::size_t>(tensors));
+  const std::size_t per_tensor = budget.peak() / tensors;
+  std::printf("structure budget: %d tensors (%zu-byte file) held at most %zu B, %zu B per tensor: a %zu MiB budget "
+              "reads about %zu tensors per file\n",
+              tensors, archive.size(), budget.peak(), per_tensor, loom::detail::checkpoint_structure_budget >> 20,
+              loom::detail::checkpoint_structure_budget / per_tensor);
+  CHECK(budget.held() == 0);
+  CHECK(budget.peak() * 4 < loom::detail::checkpoint_structure_budget);
+  // The same file against a budget of 1 MiB: refused at the budget, naming
+  // the file; what the checks held is given back.
+  loom::detail::structure_budget small(std::size_t{1} << 20);
+  CHECK_THROWS_WITH(loom::detail::read_torch_archive(archive, "many.pt", small),
+                    Catch::Contains("checkpoint many.pt: record data.pkl cannot be decoded: its structure (zip "
+                                    "directory and pickle) needs more than 1 MiB to check"));
+  CHECK(small.peak() <= (std::size_t{1} << 20));
+  CHECK(small.held() == 0);
+  // A zip directory of 10,000 entries against a budget of 64 KiB: refused
+  // while the directory is read.
+  loom::detail::structure_budget tiny(std::size_t{64} << 10);
+  CHECK_THROWS_WITH(loom::detail::verify_zip_records(archive, "many.pt", tiny),
+                    Catch::Contains("checkpoint many.pt: has a zip directory of 10003 entries, and its structure"));
+  CHECK(tiny.held() == 0);
+  // 10^6 values pending at once (a dict's keys and values under one MARK),
+  // walked with a budget of 4 MiB: refused at the budget, not at the end.
+  std::string pending = pickle_bytes("\x80\x02}(");
+  for (int i = 0; i < 500000; ++i) pending += pickle_bytes("K\x01K\x02");
+  pending += "u.";
+  loom::detail::structure_budget four(std::size_t{4} << 20);
+  CHECK_THROWS_WITH(loom::detail::validate_and_fix_pickle(pending, [](std::string_view) { return std::nullopt; }, four),
+                    Catch::Contains("needs more than 4 MiB to check"));
+  CHECK(four.held() == 0);
 }
 
 // The same for a DeepSpeed JSON config nested 10^5 deep.
@@ -956,8 +1002,8 @@ TEST_CASE("a DeepSpeed config nested 10^5 deep is refused before it allocates mo
                     Catch::Contains("nests deeper than 64 levels"));
   const unsigned long long peak = loom_test::heap_peak_bytes() - before;
   std::printf("allocation bound: %-26s text %9zu B, peak %10llu B, bound %10llu B\n", "deep DeepSpeed config",
-              json.size(), peak, 2 * json.size() + (1ULL << 20));
-  CHECK(peak <= 2 * json.size() + (1ULL << 20));
+              json.size(), peak, json.size() + (1ULL << 20));
+  CHECK(peak <= json.size() + (1ULL << 20));
 }
 
 // An optimizer step no int64 holds made the conversion undefined (found by

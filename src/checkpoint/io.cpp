@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <span>
 #include <sstream>
 
 namespace loom {
@@ -233,7 +234,7 @@ c10::IValue read_format_1(const std::vector<char>& bytes, const std::string& pat
   if (!detail::crc_matches(bytes.data() + header_size, length, crc)) fail_checkpoint(path, "is corrupted (CRC32 mismatch)");
   // The payload is a torch::pickle_save archive: the same zip and pickle as
   // format 2, so the same checks (LibTorch's pickle_load would make none).
-  return detail::read_torch_archive(std::vector<char>(bytes.begin() + header_size, bytes.end()), path);
+  return detail::read_torch_archive(std::span<const char>(bytes).subspan(header_size), path);
 }
 
 }  // namespace

@@ -4,13 +4,17 @@
 // a value built of others, an entry that counts what it holds and how deep.
 #include "python_pickle.hpp"
 #include "file_bytes.hpp"
+#include "structure_budget.hpp"
 #include "view_extent.hpp"
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
+#include <cstdio>
 #include <initializer_list>
 #include <map>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -72,16 +76,20 @@ struct item {
 
 // A container or a call's result.
 struct built_value {
-  std::uint64_t values;  // the values under it and itself, a shared one counted each time it is used
-  std::uint32_t depth;   // containers on the longest path down, itself included
-  bool fetched_again;    // taken from the memo or DUPed: it may not change any more
+  std::uint64_t values;                // the values under it and itself, a shared one counted each time it is used
+  std::uint32_t depth;                 // containers on the longest path down, itself included
+  std::uint32_t tuple_begin = 0;       // a short tuple: its elements in walker::tuple_items_
+  std::uint32_t storage = 0xFFFFFFFFU; // a storage a persistent id named: its entry in walker::storages_
+  std::uint8_t tuple_count = 0;
+  bool is_kept_tuple = false;
+  bool fetched_again = false;          // taken from the memo or DUPed: it may not change any more
 };
 
 // A storage a persistent id named.
 struct storage_view {
   std::uint32_t element_size;
   std::int64_t numel;
-  std::string key;  // its record is data/<key>
+  std::string_view key;  // its record is data/<key>: a view into the pickle
 };
 
 // Tuples up to this long keep their elements (a tensor's arguments, sizes
@@ -104,13 +112,29 @@ int counted_length_bytes(unsigned char op) {
   }
 }
 
+// What the walk keeps is charged to the structure budget: a pickle of many
+// values is refused at a fixed size, not at the end of memory. Deques grow
+// without copying, so the peak is what they hold.
+template <class T>
+using kept = std::deque<T, budget_allocator<T>>;
+
 class walker {
  public:
-  walker(const std::vector<char>& pickle, const record_size& record_bytes)
+  walker(std::string_view pickle, const record_size& record_bytes, structure_budget& budget)
       : record_bytes_(record_bytes),
         data_(pickle.data()),
         size_(pickle.size()),
-        value_budget_(saturating_sum(pickle_amplification_limit * pickle.size(), 4096)) {
+        value_budget_(saturating_sum(pickle_amplification_limit * pickle.size(), 4096)),
+        stack_(budget_allocator<item>(budget)),
+        marks_(budget_allocator<std::size_t>(budget)),
+        built_(budget_allocator<built_value>(budget)),
+        memo_(budget_allocator<item>(budget)),
+        integers_(budget_allocator<std::int64_t>(budget)),
+        tuple_items_(budget_allocator<item>(budget)),
+        storages_(budget_allocator<storage_view>(budget)),
+        marks_before_(budget_allocator<std::pair<const std::size_t, int>>(budget)),
+        replace_(budget_allocator<std::pair<const std::size_t, char>>(budget)),
+        dropped_(budget_allocator<std::pair<const std::size_t, std::size_t>>(budget)) {
     if (size_ >= no_entry) throw std::runtime_error("the pickle is 4 GiB or larger; a checkpoint's is far smaller");
   }
 
@@ -125,7 +149,7 @@ class walker {
         // ------------------------------------------------ push one value, no argument
         case 'N': case 0x88: case 0x89: push(op_at); break;                      // NONE NEWTRUE NEWFALSE
         case '}': case ']': case 0x8f: push_built(op_at, 1, 1); break;  // empty dict list set
-        case ')': push_built(op_at, 1, 1); tuples_[stack_.back().built] = {}; break;  // EMPTY_TUPLE
+        case ')': push_built(op_at, 1, 1); keep_tuple({}); break;  // EMPTY_TUPLE
         // ------------------------------------------------ push, fixed-size argument
         case 'K': at = push_integer(at, 1, false, op_at); break;  // BININT1
         case 'M': at = push_integer(at, 2, false, op_at); break;  // BININT2
@@ -226,7 +250,8 @@ class walker {
           const item pid = pop();
           const storage_view storage = storage_of(pid, op_at);
           combine(pid.start, {pid});
-          storages_[stack_.back().built] = storage;
+          built_[stack_.back().built].storage = static_cast<std::uint32_t>(storages_.size());
+          storages_.push_back(storage);
           break;
         }
         case 'b': {  // BUILD: object, state -> object
@@ -243,11 +268,11 @@ class walker {
           // A short tuple's elements are kept: a tensor's sizes, strides and arguments.
           const std::size_t count = mark < stack_.size() ? stack_.size() - mark - 1 : 0;
           const bool keep = op == 't' && count <= tuple_elements_kept;
-          std::vector<item> elements;
-          if (keep) elements.assign(stack_.end() - static_cast<std::ptrdiff_t>(count), stack_.end());
+          item elements[tuple_elements_kept];
+          if (keep) std::copy(stack_.end() - static_cast<std::ptrdiff_t>(count), stack_.end(), elements);
           const std::uint32_t start = pop_to_mark();
           push_built(start, saturating_sum(values, 1), depth + 1);
-          if (keep) tuples_[stack_.back().built] = std::move(elements);
+          if (keep) keep_tuple({elements, count});
           break;
         }
         case 'i': {  // INST module\nname\n
@@ -264,14 +289,15 @@ class walker {
         case 0x85: {  // TUPLE1
           const item a = pop();
           combine(a.start, {a});
-          tuples_[stack_.back().built] = {a};
+          keep_tuple({&a, 1});
           break;
         }
         case 0x86: {  // TUPLE2
           const item b = pop();
           const item a = pop();
           combine(a.start, {a, b});
-          tuples_[stack_.back().built] = {a, b};
+          const item pair[] = {a, b};
+          keep_tuple(pair);
           break;
         }
         case 0x87: {  // TUPLE3
@@ -279,7 +305,8 @@ class walker {
           const item b = pop();
           const item a = pop();
           combine(a.start, {a, b, c});
-          tuples_[stack_.back().built] = {a, b, c};
+          const item triple[] = {a, b, c};
+          keep_tuple(triple);
           break;
         }
         case 'e': case 0x90: case 'u': {  // APPENDS ADDITEMS SETITEMS
@@ -320,7 +347,8 @@ class walker {
       }
     }
     if (!stopped) throw std::runtime_error("the pickle has no STOP opcode (truncated)");
-    result.pickle = rewrite(at);
+    // loom's own files (LibTorch's pickler) need no rewrite: no copy then.
+    if (!marks_before_.empty() || !replace_.empty() || !dropped_.empty()) result.rewritten = rewrite(at);
     return result;
   }
 
@@ -414,15 +442,37 @@ class walker {
     stack_.push_back({op_at, no_entry, static_cast<std::uint32_t>(integers_.size() - 1), tag::integer});
     return at + static_cast<std::size_t>(bytes);
   }
-  const std::vector<item>* tuple_of(const item& value) const {
-    if (value.built == no_entry) return nullptr;
-    const auto found = tuples_.find(value.built);
-    return found == tuples_.end() ? nullptr : &found->second;
+  // The top of the stack is a short tuple: its elements are kept.
+  void keep_tuple(std::span<const item> elements) {
+    built_value& tuple = built_[stack_.back().built];
+    tuple.tuple_begin = static_cast<std::uint32_t>(tuple_items_.size());
+    tuple.tuple_count = static_cast<std::uint8_t>(elements.size());
+    tuple.is_kept_tuple = true;
+    tuple_items_.insert(tuple_items_.end(), elements.begin(), elements.end());
+  }
+  // A kept tuple's elements (they live in a deque: no span over them).
+  struct tuple_view {
+    const kept<item>* items;
+    std::size_t first, count;
+    std::size_t size() const { return count; }
+    bool empty() const { return count == 0; }
+    const item& operator[](std::size_t i) const { return (*items)[first + i]; }
+    auto begin() const { return items->begin() + static_cast<std::ptrdiff_t>(first); }
+    auto end() const { return begin() + static_cast<std::ptrdiff_t>(count); }
+  };
+  std::optional<tuple_view> tuple_of(const item& value) const {
+    if (value.built == no_entry || !built_[value.built].is_kept_tuple) return std::nullopt;
+    const built_value& tuple = built_[value.built];
+    return tuple_view{&tuple_items_, tuple.tuple_begin, tuple.tuple_count};
+  }
+  const storage_view* storage_named_by(const item& value) const {
+    if (value.built == no_entry || built_[value.built].storage == no_entry) return nullptr;
+    return &storages_[built_[value.built].storage];
   }
   // A tuple of integers (a tensor's sizes or strides), or false.
   bool integers_of(const item& value, std::vector<std::int64_t>& out) const {
-    const std::vector<item>* elements = tuple_of(value);
-    if (elements == nullptr) return false;
+    const auto elements = tuple_of(value);
+    if (!elements) return false;
     out.clear();
     for (const item& element : *elements) {
       if (element.kind != tag::integer) return false;
@@ -435,19 +485,19 @@ class walker {
   // location, numel), as torch.save and LibTorch write it, its bytes no
   // more than the record data/<key> holds.
   storage_view storage_of(const item& pid, std::uint32_t op_at) const {
-    const std::vector<item>* parts = tuple_of(pid);
-    if (parts == nullptr || parts->size() != 5 || (*parts)[0].kind != tag::text || text_of((*parts)[0]) != "storage" ||
+    const auto parts = tuple_of(pid);
+    if (!parts || parts->size() != 5 || (*parts)[0].kind != tag::text || text_of((*parts)[0]) != "storage" ||
         (*parts)[1].kind != tag::storage_class || (*parts)[2].kind != tag::text || (*parts)[4].kind != tag::integer) {
       fail("has a persistent id other than ('storage', torch.<type>Storage, key, location, numel)", op_at);
     }
-    storage_view storage{(*parts)[1].detail, integers_[(*parts)[4].detail], std::string(text_of((*parts)[2]))};
+    storage_view storage{(*parts)[1].detail, integers_[(*parts)[4].detail], text_of((*parts)[2])};
     const std::optional<std::uint64_t> record = record_bytes_(storage.key);
-    if (!record) fail("names the storage record data/" + storage.key + ", which the archive does not hold", op_at);
+    if (!record) fail("names the storage record data/" + std::string(storage.key) + ", which the archive does not hold", op_at);
     std::uint64_t bytes = 0;
     if (storage.numel < 0 || __builtin_mul_overflow(static_cast<std::uint64_t>(storage.numel), storage.element_size, &bytes) ||
         bytes > *record) {
       fail("declares a storage of " + std::to_string(storage.numel) + " elements of " +
-               std::to_string(storage.element_size) + " bytes over record data/" + storage.key + ", which holds " +
+               std::to_string(storage.element_size) + " bytes over record data/" + std::string(storage.key) + ", which holds " +
                std::to_string(*record) + " bytes",
            op_at);
     }
@@ -457,24 +507,22 @@ class walker {
   // torch._utils._rebuild_tensor_v2(storage, offset, sizes, strides, ...):
   // the view must lie inside the storage before LibTorch builds it.
   void check_rebuilt_tensor(const item& args, std::uint32_t op_at) const {
-    const std::vector<item>* parts = tuple_of(args);
+    const auto parts = tuple_of(args);
     std::vector<std::int64_t> sizes, strides;
-    const auto storage = parts != nullptr && !parts->empty() && (*parts)[0].built != no_entry
-                             ? storages_.find((*parts)[0].built)
-                             : storages_.end();
-    if (parts == nullptr || parts->size() < 4 || storage == storages_.end() || (*parts)[1].kind != tag::integer ||
+    const storage_view* storage = parts && !parts->empty() ? storage_named_by((*parts)[0]) : nullptr;
+    if (!parts || parts->size() < 4 || storage == nullptr || (*parts)[1].kind != tag::integer ||
         !integers_of((*parts)[2], sizes) || !integers_of((*parts)[3], strides) || sizes.size() != strides.size()) {
       fail("rebuilds a tensor from arguments other than (storage, offset, sizes, strides, ...)", op_at);
     }
     const std::int64_t offset = integers_[(*parts)[1].detail];
     const std::int64_t extent = view_extent(offset, sizes.data(), strides.data(), sizes.size());
-    if (extent < 0 || extent > storage->second.numel) {
+    if (extent < 0 || extent > storage->numel) {
       std::string shape = "sizes [";
       for (std::size_t d = 0; d < sizes.size(); ++d) shape += (d ? ", " : "") + std::to_string(sizes[d]);
       shape += "], strides [";
       for (std::size_t d = 0; d < strides.size(); ++d) shape += (d ? ", " : "") + std::to_string(strides[d]);
       fail("rebuilds a tensor (" + shape + "], offset " + std::to_string(offset) + ") that reaches past its storage of " +
-               std::to_string(storage->second.numel) + " elements (record data/" + storage->second.key + ")",
+               std::to_string(storage->numel) + " elements (record data/" + std::string(storage->key) + ")",
            op_at);
     }
   }
@@ -544,7 +592,7 @@ class walker {
     }
   }
   void push_built(std::uint32_t start, std::uint64_t values, std::uint32_t depth, tag kind = tag::none) {
-    built_value value{values, depth, false};
+    built_value value{values, depth};
     check_bounds(value, start);
     built_.push_back(value);
     stack_.push_back({start, static_cast<std::uint32_t>(built_.size() - 1), 0, kind});
@@ -623,23 +671,31 @@ class walker {
   const char* data_;
   std::size_t size_;
   std::uint64_t value_budget_;
-  std::vector<item> stack_;
-  std::vector<std::size_t> marks_;  // stack positions of the open MARKs
-  std::vector<built_value> built_;
-  std::vector<item> memo_;  // a MARK-tagged entry: never stored
+  template <class K, class V>
+  using kept_ordered = std::map<K, V, std::less<>, budget_allocator<std::pair<const K, V>>>;
+  kept<item> stack_;
+  kept<std::size_t> marks_;  // stack positions of the open MARKs
+  kept<built_value> built_;
+  kept<item> memo_;  // a MARK-tagged entry: never stored
   std::uint64_t memo_count_ = 0;
-  std::vector<std::int64_t> integers_;                            // the values of integer items
-  std::unordered_map<std::uint32_t, std::vector<item>> tuples_;   // built entry -> a short tuple's elements
-  std::unordered_map<std::uint32_t, storage_view> storages_;      // built entry -> a storage's record and size
-  std::map<std::size_t, int> marks_before_;     // original offset -> MARKs to insert before it
-  std::map<std::size_t, char> replace_;         // APPEND -> APPENDS, SETITEM -> SETITEMS
-  std::map<std::size_t, std::size_t> dropped_;  // FRAME opcodes (offset -> length)
+  kept<std::int64_t> integers_;                      // the values of integer items
+  kept<item> tuple_items_;                           // the elements of short tuples
+  kept<storage_view> storages_;                      // the storages persistent ids named
+  kept_ordered<std::size_t, int> marks_before_;      // original offset -> MARKs to insert before it
+  kept_ordered<std::size_t, char> replace_;          // APPEND -> APPENDS, SETITEM -> SETITEMS
+  kept_ordered<std::size_t, std::size_t> dropped_;   // FRAME opcodes (offset -> length)
 };
 
 }  // namespace
 
-pickle_fixup validate_and_fix_pickle(const std::vector<char>& pickle, const record_size& record_bytes) {
-  return walker(pickle, record_bytes).run();
+pickle_fixup validate_and_fix_pickle(std::string_view pickle, const record_size& record_bytes,
+                                     structure_budget& budget) {
+  return walker(pickle, record_bytes, budget).run();
+}
+
+pickle_fixup validate_and_fix_pickle(std::string_view pickle, const record_size& record_bytes) {
+  structure_budget budget;
+  return validate_and_fix_pickle(pickle, record_bytes, budget);
 }
 
 }  // namespace loom::detail

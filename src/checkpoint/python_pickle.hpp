@@ -7,6 +7,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace loom::detail {
@@ -20,8 +21,10 @@ inline constexpr int pickle_depth_limit = 1000;
 // decode to at most about 2: each opcode pushes at most one value).
 inline constexpr std::uint64_t pickle_amplification_limit = 16;
 
+class structure_budget;
+
 struct pickle_fixup {
-  std::vector<char> pickle;      // the rewritten pickle
+  std::optional<std::vector<char>> rewritten;  // the rewritten pickle; none when it reads as it is
   bool has_ordered_dict = false;  // a non-empty collections.OrderedDict (a Python state_dict())
   int protocol = 0;               // the PROTO opcode's; LibTorch 1.13 reads 2 (torch.save's default)
 };
@@ -50,8 +53,14 @@ struct pickle_fixup {
 // there is none), its storage's numel times its type's element size fits
 // in that record, and its view (offset, sizes, strides) lies inside its
 // storage.
-using record_size = std::function<std::optional<std::uint64_t>(const std::string& key)>;
-pickle_fixup validate_and_fix_pickle(const std::vector<char>& pickle, const record_size& record_bytes);
+//
+// What the walk keeps is charged to budget (structure_budget.hpp): a pickle
+// that needs more is refused when it gets there. The second form uses a
+// budget of its own.
+using record_size = std::function<std::optional<std::uint64_t>(std::string_view key)>;
+pickle_fixup validate_and_fix_pickle(std::string_view pickle, const record_size& record_bytes,
+                                     structure_budget& budget);
+pickle_fixup validate_and_fix_pickle(std::string_view pickle, const record_size& record_bytes);
 
 // The globals loom resolves, as a sentence for error messages and docs.
 extern const char* const resolved_globals_text;

@@ -3,6 +3,7 @@
 #include "file_bytes.hpp"
 
 #include "python_pickle.hpp"
+#include "structure_budget.hpp"
 #include "tensor_records.hpp"
 
 #include <loom/errors.hpp>
@@ -21,6 +22,7 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -169,17 +171,20 @@ std::string hex_text(std::uint64_t value) {
 }
 
 struct zip_record {
-  std::string name;
+  std::string_view name;  // a view into the file's bytes
   std::uint64_t header = 0, start = 0, bytes = 0;
   std::uint32_t crc = 0;
 };
 
+template <class T>
+using budgeted = std::vector<T, budget_allocator<T>>;
+
 // The directory's entries, each checked against its local header and the
 // file's bounds (every field comes from the file).
-std::vector<zip_record> read_entries(const char* data, std::size_t size, const zip_directory& directory,
-                                     const std::string& path) {
+budgeted<zip_record> read_entries(const char* data, std::size_t size, const zip_directory& directory,
+                                  const std::string& path, structure_budget& budget) {
   const std::uint64_t directory_end = directory.offset + directory.size;
-  std::vector<zip_record> records;
+  budgeted<zip_record> records{budget_allocator<zip_record>(budget)};
   records.reserve(static_cast<std::size_t>(directory.entries));
   std::uint64_t at = directory.offset;
   for (std::uint64_t i = 0; i < directory.entries; ++i) {
@@ -199,18 +204,18 @@ std::vector<zip_record> read_entries(const char* data, std::size_t size, const z
     if (!fits(at + 46, name_length + extra_length + comment_length, directory_end)) {
       fail_checkpoint(path, "has a damaged zip directory");
     }
-    record.name.assign(data + at + 46, name_length);
+    record.name = std::string_view(data + at + 46, name_length);
     // ZIP64 extended information: the 0xFFFFFFFF fields, in this order, each
     // read only inside the block its length gives.
     for (std::size_t extra = at + 46 + name_length, end = extra + extra_length; extra + 4 <= end;) {
       const auto id = little_endian(data + extra, 2);
       const std::size_t length = little_endian(data + extra + 2, 2);
-      if (!fits(extra + 4, length, end)) fail_checkpoint(path, "has a damaged zip directory (record '" + record.name + "')");
+      if (!fits(extra + 4, length, end)) fail_checkpoint(path, "has a damaged zip directory (record '" + std::string(record.name) + "')");
       if (id == 0x0001) {
         std::size_t field = extra + 4;
         auto next = [&](std::uint64_t& value) {
           if (value != 0xFFFFFFFF) return;
-          if (!fits(field, 8, extra + 4 + length)) fail_checkpoint(path, "has a damaged ZIP64 field in record '" + record.name + "'");
+          if (!fits(field, 8, extra + 4 + length)) fail_checkpoint(path, "has a damaged ZIP64 field in record '" + std::string(record.name) + "'");
           value = little_endian(data + field, 8);
           field += 8;
         };
@@ -221,36 +226,36 @@ std::vector<zip_record> read_entries(const char* data, std::size_t size, const z
       extra += 4 + length;
     }
     if (method != 0 || compressed != uncompressed) {
-      fail_checkpoint(path, "holds a compressed record '" + record.name + "'; torch archives store their records uncompressed");
+      fail_checkpoint(path, "holds a compressed record '" + std::string(record.name) + "'; torch archives store their records uncompressed");
     }
     // Only the data-descriptor and UTF-8 name flags: torch archives are
     // never encrypted or patched, and PyTorch's reader (miniz) refuses such
     // records.
     constexpr std::uint64_t plain_flags = 0x0008 | 0x0800;
     if ((flags & ~plain_flags) != 0) {
-      fail_checkpoint(path, "holds record '" + record.name + "' with zip flags 0x" + hex_text(flags) +
+      fail_checkpoint(path, "holds record '" + std::string(record.name) + "' with zip flags 0x" + hex_text(flags) +
                                 " (encrypted, patched or masked): torch archives use none of them");
     }
     if (!fits(record.header, 30, size) || little_endian(data + record.header, 4) != 0x04034b50) {
-      fail_checkpoint(path, "is truncated or damaged (record '" + record.name + "' has no local header)");
+      fail_checkpoint(path, "is truncated or damaged (record '" + std::string(record.name) + "' has no local header)");
     }
     // The local header must name the record the directory names.
     const std::size_t local_name = little_endian(data + record.header + 26, 2);
     const std::size_t local_extra = little_endian(data + record.header + 28, 2);
     if (!fits(record.header + 30, local_name + local_extra, size) || local_name != name_length ||
         std::memcmp(data + record.header + 30, record.name.data(), name_length) != 0) {
-      fail_checkpoint(path, "is damaged: the directory's record '" + record.name +
+      fail_checkpoint(path, "is damaged: the directory's record '" + std::string(record.name) +
                                 "' does not match the local header it points at");
     }
     if ((little_endian(data + record.header + 6, 2) & ~plain_flags) != 0) {
-      fail_checkpoint(path, "holds record '" + record.name + "' whose local header has zip flags 0x" +
+      fail_checkpoint(path, "holds record '" + std::string(record.name) + "' whose local header has zip flags 0x" +
                                 hex_text(little_endian(data + record.header + 6, 2)) +
                                 " (encrypted, patched or masked): torch archives use none of them");
     }
     record.start = record.header + 30 + local_name + local_extra;
     record.bytes = compressed;
     if (!fits(record.start, record.bytes, size)) {
-      fail_checkpoint(path, "is truncated (record '" + record.name + "' runs past the end of the file)");
+      fail_checkpoint(path, "is truncated (record '" + std::string(record.name) + "' runs past the end of the file)");
     }
     records.push_back(std::move(record));
     at += 46 + name_length + extra_length + comment_length;
@@ -258,8 +263,14 @@ std::vector<zip_record> read_entries(const char* data, std::size_t size, const z
   return records;
 }
 
-void refuse_shared_bytes(const std::vector<zip_record>& records, const zip_directory& directory,
-                         const std::string& path) {
+bool less_without_case(std::string_view a, std::string_view b) {
+  return std::lexicographical_compare(a.begin(), a.end(), b.begin(), b.end(), [](char x, char y) {
+    return std::tolower(static_cast<unsigned char>(x)) < std::tolower(static_cast<unsigned char>(y));
+  });
+}
+
+void refuse_shared_bytes(const budgeted<zip_record>& records, const zip_directory& directory,
+                         const std::string& path, structure_budget& budget) {
   const std::uint64_t directory_end = directory.offset + directory.size;
   // Each record once, in bytes of its own: one record listed a thousand
   // times (to be checked a thousand times), or two names for one record's
@@ -267,20 +278,18 @@ void refuse_shared_bytes(const std::vector<zip_record>& records, const zip_direc
   // Names compare without case: miniz, under PyTorch's reader, finds a
   // record by name case-insensitively, so 'data.pkl' and 'DATA.PKL' would be
   // two records loom sees and one torch.load reads.
-  std::vector<std::string> names;
-  names.reserve(records.size());
-  for (const auto& record : records) {
-    std::string folded = record.name;
-    for (char& c : folded) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    names.push_back(std::move(folded));
-  }
-  std::sort(names.begin(), names.end());
-  for (std::size_t i = 1; i < names.size(); ++i) {
-    if (names[i] == names[i - 1]) {
-      fail_checkpoint(path, "is damaged: its zip directory lists '" + names[i] + "' twice (names compared without case)");
+  budgeted<const zip_record*> by_name{budget_allocator<const zip_record*>(budget)};
+  by_name.reserve(records.size());
+  for (const auto& record : records) by_name.push_back(&record);
+  std::sort(by_name.begin(), by_name.end(),
+            [](const zip_record* a, const zip_record* b) { return less_without_case(a->name, b->name); });
+  for (std::size_t i = 1; i < by_name.size(); ++i) {
+    if (!less_without_case(by_name[i - 1]->name, by_name[i]->name)) {
+      fail_checkpoint(path, "is damaged: its zip directory lists '" + std::string(by_name[i]->name) +
+                                "' twice (names compared without case)");
     }
   }
-  std::vector<const zip_record*> by_offset;
+  budgeted<const zip_record*> by_offset{budget_allocator<const zip_record*>(budget)};
   by_offset.reserve(records.size());
   for (const auto& record : records) by_offset.push_back(&record);
   std::sort(by_offset.begin(), by_offset.end(), [](const zip_record* a, const zip_record* b) { return a->header < b->header; });
@@ -288,10 +297,11 @@ void refuse_shared_bytes(const std::vector<zip_record>& records, const zip_direc
     const zip_record& record = *by_offset[i];
     const std::uint64_t end = record.start + record.bytes;
     if (i + 1 < by_offset.size() && end > by_offset[i + 1]->header) {
-      fail_checkpoint(path, "is damaged: records '" + record.name + "' and '" + by_offset[i + 1]->name + "' overlap");
+      fail_checkpoint(path, "is damaged: records '" + std::string(record.name) + "' and '" +
+                                std::string(by_offset[i + 1]->name) + "' overlap");
     }
     if (record.header < directory_end && end > directory.offset) {
-      fail_checkpoint(path, "is damaged: record '" + record.name + "' overlaps the zip directory");
+      fail_checkpoint(path, "is damaged: record '" + std::string(record.name) + "' overlaps the zip directory");
     }
   }
 }
@@ -304,15 +314,24 @@ void refuse_shared_bytes(const std::vector<zip_record>& records, const zip_direc
 // found by fuzzing: tests/fuzz/). What the unpickler reads is what loom's
 // walk checked.
 struct torch_zip {
+  explicit torch_zip(structure_budget& budget)
+      : records(budget_allocator<zip_record>(budget)),
+        by_name(0, std::hash<std::string_view>(), std::equal_to<>(),
+                budget_allocator<std::pair<const std::string_view, std::size_t>>(budget)) {}
+
   std::string folder;          // "archive/": the first record's folder, which every lookup names
   std::uint64_t version = 0;   // the folder's version record
-  std::vector<zip_record> records;
+  budgeted<zip_record> records;
   // Name -> position in records (names are unique: refuse_shared_bytes), so
   // a checkpoint of many tensors finds each record without a scan of all.
-  std::unordered_map<std::string, std::size_t> by_name;
+  std::unordered_map<std::string_view, std::size_t, std::hash<std::string_view>, std::equal_to<>,
+                     budget_allocator<std::pair<const std::string_view, std::size_t>>>
+      by_name;
 
-  const zip_record* find(const std::string& name) const {
-    const auto found = by_name.find(folder + name);
+  const zip_record* find(std::string_view name) const {
+    std::string full = folder;
+    full += name;
+    const auto found = by_name.find(std::string_view(full));
     return found == by_name.end() ? nullptr : &records[found->second];
   }
 };
@@ -322,12 +341,13 @@ struct torch_zip {
 // writes it, within what LibTorch 1.13 reads.
 void read_folder_and_version(torch_zip& zip, const char* data, const std::string& path) {
   if (zip.records.empty()) fail_checkpoint(path, "is a zip archive with no records: not a torch file");
-  const std::string& first = zip.records.front().name;
+  const std::string_view first = zip.records.front().name;
   const std::size_t slash = first.find('/');
   if (slash == std::string::npos) {
-    fail_checkpoint(path, "is a zip archive whose first record '" + first + "' is not in a folder: not a torch file");
+    fail_checkpoint(path, "is a zip archive whose first record '" + std::string(first) +
+                              "' is not in a folder: not a torch file");
   }
-  zip.folder = first.substr(0, slash + 1);
+  zip.folder = std::string(first.substr(0, slash + 1));
   const zip_record* version = zip.find("version");
   if (version == nullptr) version = zip.find(".data/version");
   if (version == nullptr) fail_checkpoint(path, "has no record '" + zip.folder + "version': not a torch file");
@@ -340,34 +360,55 @@ void read_folder_and_version(torch_zip& zip, const char* data, const std::string
   }
   if (!digits || zip.version < caffe2::serialize::kMinSupportedFileFormatVersion ||
       zip.version > caffe2::serialize::kMaxSupportedFileFormatVersion) {
-    fail_checkpoint(path, "record '" + version->name + "' does not hold a format version LibTorch reads (" +
+    fail_checkpoint(path, "record '" + std::string(version->name) + "' does not hold a format version LibTorch reads (" +
                               std::to_string(caffe2::serialize::kMinSupportedFileFormatVersion) + " to " +
                               std::to_string(caffe2::serialize::kMaxSupportedFileFormatVersion) + ")");
   }
 }
 
-torch_zip read_torch_zip(const std::vector<char>& bytes, const std::string& path) {
+// Fills zip (whose containers the budget charges) from the file's bytes.
+void read_torch_zip(std::span<const char> bytes, const std::string& path, structure_budget& budget, torch_zip& zip) {
   const char* data = bytes.data();
   const zip_directory directory = find_directory(data, bytes.size(), path);
-  torch_zip zip;
-  zip.records = read_entries(data, bytes.size(), directory, path);
-  refuse_shared_bytes(zip.records, directory, path);
-  for (std::size_t i = 0; i < zip.records.size(); ++i) zip.by_name.emplace(zip.records[i].name, i);
+  try {
+    zip.records = read_entries(data, bytes.size(), directory, path, budget);
+    refuse_shared_bytes(zip.records, directory, path, budget);
+    zip.by_name.reserve(zip.records.size());
+    for (std::size_t i = 0; i < zip.records.size(); ++i) zip.by_name.emplace(zip.records[i].name, i);
+  } catch (const checkpoint_error&) {
+    throw;
+  } catch (const std::runtime_error& error) {  // the structure budget
+    fail_checkpoint(path, std::string("has a zip directory of ") + std::to_string(directory.entries) +
+                              " entries, and " + error.what());
+  }
   read_folder_and_version(zip, data, path);
   for (const auto& record : zip.records) {
     if (!crc_matches(data + record.start, record.bytes, record.crc)) {
-      fail_checkpoint(path, "is corrupted (CRC32 mismatch) in record '" + record.name + "'");
+      fail_checkpoint(path, "is corrupted (CRC32 mismatch) in record '" + std::string(record.name) + "'");
     }
   }
-  return zip;
 }
 
 }  // namespace
 
-void verify_zip_records(const std::vector<char>& bytes, const std::string& path) { (void)read_torch_zip(bytes, path); }
+void verify_zip_records(std::span<const char> bytes, const std::string& path) {
+  structure_budget budget;
+  verify_zip_records(bytes, path, budget);
+}
 
-c10::IValue read_torch_archive(const std::vector<char>& bytes, const std::string& path) {
-  const torch_zip zip = read_torch_zip(bytes, path);
+void verify_zip_records(std::span<const char> bytes, const std::string& path, structure_budget& budget) {
+  torch_zip zip(budget);
+  read_torch_zip(bytes, path, budget, zip);
+}
+
+c10::IValue read_torch_archive(std::span<const char> bytes, const std::string& path) {
+  structure_budget budget;
+  return read_torch_archive(bytes, path, budget);
+}
+
+c10::IValue read_torch_archive(std::span<const char> bytes, const std::string& path, structure_budget& budget) {
+  torch_zip zip(budget);
+  read_torch_zip(bytes, path, budget, zip);
   try {
     if (zip.find("constants.pkl") != nullptr) {
       fail_checkpoint(path, "is a LibTorch archive (torch::save(module or optimizer, path)), not a checkpoint; read it with "
@@ -375,16 +416,17 @@ c10::IValue read_torch_archive(const std::vector<char>& bytes, const std::string
     }
     const zip_record* pickle_record = zip.find("data.pkl");
     if (pickle_record == nullptr) fail_checkpoint(path, "is a zip archive without data.pkl: not a torch file");
-    const char* first = bytes.data() + pickle_record->start;
-    const std::size_t pickle_size = pickle_record->bytes;
+    const std::string_view pickle(bytes.data() + pickle_record->start, pickle_record->bytes);
     pickle_fixup fixed;
     try {
-      fixed = validate_and_fix_pickle(std::vector<char>(first, first + pickle_size),
-                                      [&zip](const std::string& key) -> std::optional<std::uint64_t> {
-                                        const zip_record* record = zip.find("data/" + key);
-                                        if (record == nullptr) return std::nullopt;
-                                        return record->bytes;
-                                      });
+      fixed = validate_and_fix_pickle(
+          pickle,
+          [&zip](std::string_view key) -> std::optional<std::uint64_t> {
+            const zip_record* record = zip.find("data/" + std::string(key));
+            if (record == nullptr) return std::nullopt;
+            return record->bytes;
+          },
+          budget);
     } catch (const std::runtime_error& error) {
       fail_checkpoint(path, std::string("record data.pkl cannot be decoded: ") + error.what());
     }
@@ -397,10 +439,12 @@ c10::IValue read_torch_archive(const std::vector<char>& bytes, const std::string
                  "cannot unpickle. Save a plain dict instead: torch.save(dict(model.state_dict()), path), or in a "
                  "checkpoint {'model': dict(model.state_dict()), ...}");
     }
+    const std::string_view source =
+        fixed.rewritten ? std::string_view(fixed.rewritten->data(), fixed.rewritten->size()) : pickle;
     std::size_t position = 0;
-    auto read = [&fixed, &position](char* buffer, size_t length) -> size_t {
-      const size_t count = std::min(length, fixed.pickle.size() - position);
-      std::memcpy(buffer, fixed.pickle.data() + position, count);
+    auto read = [source, &position](char* buffer, size_t length) -> size_t {
+      const size_t count = std::min(length, source.size() - position);
+      std::memcpy(buffer, source.data() + position, count);
       position += count;
       return count;
     };

@@ -6,6 +6,7 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <span>
 #include <string>
 #include <vector>
 
@@ -27,12 +28,17 @@ std::vector<char> write_torch_archive(const c10::IValue& root);
 // version record; then every record's CRC32 against the central directory
 // (torch.load and LibTorch do not check them). A truncated, corrupted or
 // forged file is a checkpoint_error naming path and the record.
-void verify_zip_records(const std::vector<char>& bytes, const std::string& path);
+class structure_budget;
+void verify_zip_records(std::span<const char> bytes, const std::string& path);
+void verify_zip_records(std::span<const char> bytes, const std::string& path, structure_budget& budget);
 
 // Reads an archive written by loom, LibTorch or Python's torch.save, from
 // the records verify_zip_records found (LibTorch's zip reader is not used):
 // the pickle is checked and rewritten by python_pickle.hpp, then unpickled by
 // LibTorch, then every tensor view is checked (tensor_records.hpp).
-c10::IValue read_torch_archive(const std::vector<char>& bytes, const std::string& path);
+// Its zip index and pickle walk are charged to a structure budget
+// (structure_budget.hpp): the second form takes one the caller reads.
+c10::IValue read_torch_archive(std::span<const char> bytes, const std::string& path);
+c10::IValue read_torch_archive(std::span<const char> bytes, const std::string& path, structure_budget& budget);
 
 }  // namespace loom::detail

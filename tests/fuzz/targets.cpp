@@ -24,6 +24,7 @@
 #include <fstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace loom_fuzz {
@@ -130,7 +131,8 @@ int refused_only_as(Read read) {
 int pickle(const std::uint8_t* data, std::size_t size) {
   // Records data/0 to data/9 hold 4 kB each; no other record exists.
   return refused_only_as<std::runtime_error>([&] {
-    (void)loom::detail::validate_and_fix_pickle(bytes_of(data, size), [](const std::string& key) {
+    (void)loom::detail::validate_and_fix_pickle(std::string_view(reinterpret_cast<const char*>(data), size),
+                                                [](std::string_view key) {
       return key.size() == 1 && key[0] >= '0' && key[0] <= '9' ? std::optional<std::uint64_t>(4096) : std::nullopt;
     });
   });
