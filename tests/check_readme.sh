@@ -1,6 +1,6 @@
 #!/bin/sh
 # check_readme.sh SOURCE_ROOT
-# README.md's program is examples/minimal.cpp (which the build compiles), and
+# README.md's program is examples/minimal.cpp (which consumer_subproject compiles and runs), and
 # README.md holds exactly two set-up commands, the second one running the tests,
 # and the first one's package list is part of the second one's.
 set -eu
