@@ -16,9 +16,10 @@
 
 namespace loom::detail {
 
-// 64 MiB: about 170,000 tensors in one file (checkpoint_structure_budget in
-// docs/checkpoints.md has the figures); a sharded checkpoint spreads its
-// tensors over one file per rank.
+// 64 MiB: about 90,000 tensors in one file (727 bytes each for a LibTorch
+// archive: docs/checkpoints.md, "Bounded allocation on load", and the test
+// that prints it); a sharded checkpoint spreads its tensors over one file
+// per rank.
 inline constexpr std::size_t checkpoint_structure_budget = std::size_t{64} << 20;
 
 class structure_budget {
