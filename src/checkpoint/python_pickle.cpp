@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
-#include <cstdio>
 #include <initializer_list>
 #include <map>
 #include <optional>
@@ -18,7 +17,6 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 
 namespace loom::detail {
 
@@ -79,7 +77,7 @@ struct built_value {
   std::uint64_t values;                // the values under it and itself, a shared one counted each time it is used
   std::uint32_t depth;                 // containers on the longest path down, itself included
   std::uint32_t tuple_begin = 0;       // a short tuple: its elements in walker::tuple_items_
-  std::uint32_t storage = 0xFFFFFFFFU; // a storage a persistent id named: its entry in walker::storages_
+  std::uint32_t storage = no_entry;    // a storage a persistent id named: its entry in walker::storages_
   std::uint8_t tuple_count = 0;
   bool is_kept_tuple = false;
   bool fetched_again = false;          // taken from the memo or DUPed: it may not change any more
@@ -450,7 +448,9 @@ class walker {
     tuple.is_kept_tuple = true;
     tuple_items_.insert(tuple_items_.end(), elements.begin(), elements.end());
   }
-  // A kept tuple's elements (they live in a deque: no span over them).
+  // A kept tuple's elements (they live in a deque: no span over them;
+  // std::ranges::subrange would do, but clang 14, the fuzzing build's
+  // compiler, cannot use libstdc++ 12's ranges).
   struct tuple_view {
     const kept<item>* items;
     std::size_t first, count;

@@ -35,8 +35,8 @@ class structure_budget {
                                                                        : std::to_string(limit_ >> 10) + " KiB";
       throw std::runtime_error("its structure (zip directory and pickle) needs more than " + amount +
                               " to check, the most loom spends on a file's structure whatever its size: a "
-                              "forged file, or one file holding hundreds of thousands of tensors (save such a model "
-                              "sharded)");
+                              "forged file, or one file holding very many tensors (about 90,000 fit in 64 MiB; save "
+                              "such a model sharded)");
     }
     held_ += bytes;
     if (held_ > peak_) peak_ = held_;
