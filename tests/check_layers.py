@@ -10,7 +10,8 @@ the layer table, which this script holds and docs/architecture.md shows.
 - src/pch/ holds libloom's precompiled prelude: standard and LibTorch headers,
   no loom header (so it belongs to no layer).
 - tests/ and bench/ are applications over all of loom (white-box tests may
-  include src/ internals); examples/ and tools/ use the public headers only.
+  include src/ internals); examples/ and tools/ use the public headers and
+  their own files only (a tool's headers beside it: tools/bench/).
   Every quoted include of any of them must resolve inside the repository.
 
 The table in docs/architecture.md (between its two layer-table comments) is
@@ -213,7 +214,8 @@ def check_file(root, path):
                     problems.append(f'{here}: "{included}" does not resolve inside the repository')
                     continue
                 target_area, target = where(target_path)
-                if target_area in ("include", "src", "tests", "bench"):
+                if target_area in ("include", "src", "tests", "bench") or \
+                        (target_area == area and area in ("examples", "tools")):
                     pass
                 else:
                     problems.append(f'{here}: "{included}" reaches {target_path}, outside loom\'s code')
@@ -223,7 +225,7 @@ def check_file(root, path):
                 problems.append(f"{here}: a public header includes {included} ({target_area}/ is not installed)")
             elif area in ("include", "src") and target_area in ("tests", "bench"):
                 problems.append(f"{here}: the library includes {included} (tests and benchmarks sit above it)")
-            elif area in ("examples", "tools") and target_area != "include":
+            elif area in ("examples", "tools") and target_area not in ("include", area):
                 problems.append(f"{here}: {area}/ uses loom's public headers only, not {included}")
             elif area in ("include", "src") and not may_include(source, target):
                 kind = "an internal header of" if target_area == "src" else "layer"

@@ -86,12 +86,17 @@ void forward_signal(int signal) {
 
 }  // namespace
 
+// A tool installed beside loom-run (loom-consolidate, loom-bench).
+std::filesystem::path sibling_tool(const char* name, const char* argv0) {
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return (ec ? std::filesystem::path(argv0).parent_path() : self.parent_path()) / name;
+}
+
 // `loom-run consolidate DIR [OUT]`: loom-run stays torch-free, so the work is
 // done by loom-consolidate, installed beside it.
 int consolidate(int argc, char** argv) {
-  std::error_code ec;
-  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  const auto tool = (ec ? std::filesystem::path(argv[0]).parent_path() : self.parent_path()) / "loom-consolidate";
+  const auto tool = sibling_tool("loom-consolidate", argv[0]);
   std::vector<char*> command{const_cast<char*>(tool.c_str())};
   for (int i = 2; i < argc; ++i) command.push_back(argv[i]);
   command.push_back(nullptr);
@@ -136,7 +141,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 65535))->capture_default_str();
   app.add_option("--precision", args.precision, "precision: " + loom::runtime::join(loom::runtime::precision_names()))
       ->check(CLI::IsMember(loom::runtime::precision_names()));
-  app.footer("PROGRAM [ARGS...]  the program to start on every rank, and its own arguments\n"
+  app.footer("PROGRAM [ARGS...]  the program to start on every rank, and its own arguments ('bench': "
+             "loom-bench, installed beside loom-run)\n"
              "loom-run consolidate SHARDED_DIR [OUT]  one full checkpoint from a sharded one");
   try {
     app.parse(argc, argv);
@@ -149,6 +155,8 @@ int main(int argc, char** argv) {
     std::cerr << "loom-run: no program given. Usage: loom-run [OPTIONS] PROGRAM [ARGS...]; see --help\n";
     return 2;
   }
+  // `loom-run ... bench [ARGS]`: loom-bench, installed beside loom-run, on every rank.
+  if (args.command.front() == "bench") args.command.front() = sibling_tool("loom-bench", argv[0]).string();
   if (args.command.front().rfind("-", 0) == 0) {
     std::cerr << "loom-run: unknown option " << args.command.front() << "; see --help for the accepted ones\n";
     return 2;

@@ -1,0 +1,86 @@
+#!/bin/sh
+# check_loom_bench.sh LOOM_BENCH LOOM_RUN: loom-bench's smoke test (a small
+# MLP, few steps: it checks the output, not a speed).
+# - The default matrix at 1 and 2 ranks: every cell of every world size is in
+#   the table, the CSV and the JSON; every cell is measured (steps, a step
+#   time with p10 <= median <= p90, parts that add up to it, samples/s,
+#   FLOP/s and RSS), but single_device at 2 ranks, refused with its reason;
+#   the ratio to single_device is 1 for single_device itself.
+# - `loom-run --devices 2 bench` runs one world size the way loom-run starts
+#   any program, and rank 0 alone prints the table.
+# - --one-rank-overhead ends with worst_one_rank_ratio=R strategy=NAME.
+# - A malformed cell is refused with what is accepted.
+set -eu
+bench=$(realpath "$1")
+loom_run=$(realpath "$2")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+small="--widths 16,32,32,4 --batch 8 --steps 10 --warmup 2 --block 5"
+
+timeout 100 "$bench" $small --world-sizes 1,2 --out matrix > matrix.txt 2> matrix.err ||
+  { cat matrix.txt matrix.err; echo "FAIL: loom-bench (default matrix) failed"; exit 1; }
+cat matrix.txt
+/usr/bin/python3 - matrix.txt matrix/loom-bench.csv matrix/loom-bench.json <<'EOF'
+import csv, json, sys
+table, csv_path, json_path = sys.argv[1:]
+rows = [l for l in open(table) if l.startswith("| ") and not l.startswith("| cell ")]
+cells = json.load(open(json_path))["cells"]
+lines = list(csv.DictReader(open(csv_path)))
+problems = []
+if not (len(rows) == len(cells) == len(lines)) or len(cells) < 20:
+    problems.append(f"{len(rows)} table rows, {len(cells)} JSON cells, {len(lines)} CSV rows")
+names = {1: set(), 2: set()}
+for c in cells:
+    names[c["world_size"]].add(c["cell"])
+    if c["cell"] == "single_device" and c["world_size"] == 2:
+        if "one process" not in c["refused"]:
+            problems.append(f"single_device at 2 ranks: refused is {c['refused']!r}")
+        continue
+    where = f"{c['cell']} at {c['world_size']} rank(s)"
+    if c["refused"]:
+        problems.append(f"{where} was refused: {c['refused']}")
+        continue
+    step = c["step_ms"]
+    parts = c["forward_ms"] + c["backward_ms"] + c["optimizer_ms"]
+    # Medians of parts need not add up to the median of sums: within the spread.
+    if c["steps"] != 10 or not 0 < step["p10"] <= step["median"] <= step["p90"] or \
+            not 0.5 * step["p10"] <= parts <= 1.5 * step["p90"]:
+        problems.append(f"{where}: steps {c['steps']}, step_ms {step}")
+    if c["samples_per_second"] <= 0 or c["flop_per_second"] <= 0 or c["rss_peak_mib"] <= 0:
+        problems.append(f"{where}: throughput or RSS missing: {c}")
+for c in cells:
+    if c["cell"] == "single_device" and c["world_size"] == 1 and c["vs_single_device"] != 1.0:
+        problems.append(f"single_device against itself: {c['vs_single_device']}")
+for required in ("raw", "single_device", "ddp", "fsdp", "fsdp+sharding_strategy=SHARD_GRAD_OP",
+                 "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3", "model_parallel"):
+    for n in (1, 2):
+        if required not in names[n]:
+            problems.append(f"no cell {required} at {n} rank(s)")
+if names[1] != names[2]:
+    problems.append(f"the world sizes ran different cells: {sorted(names[1] ^ names[2])}")
+print("\n".join(problems) if problems else f"matrix: {len(cells)} cells in the table, the CSV and the JSON")
+sys.exit(1 if problems else 0)
+EOF
+
+timeout 60 "$loom_run" --devices 2 bench $small --strategies raw,ddp,fsdp --out '' > launched.txt 2>&1 ||
+  { cat launched.txt; echo "FAIL: loom-run --devices 2 bench failed"; exit 1; }
+if [ "$(grep -c '^| ' launched.txt)" -ne 4 ] || [ "$(grep -c '^| ddp | 32-true | 2 |' launched.txt)" -ne 1 ]; then
+  cat launched.txt
+  echo "FAIL: loom-run bench: not one table of 3 cells at 2 ranks (rank 0 alone prints)"
+  exit 1
+fi
+echo "loom-run bench: one table, 3 cells at 2 ranks"
+
+timeout 60 "$bench" --one-rank-overhead --steps 10 --warmup 2 --out '' > one.txt 2>&1 ||
+  { cat one.txt; echo "FAIL: --one-rank-overhead failed"; exit 1; }
+last=$(tail -n 1 one.txt)
+echo "$last" | grep -Eq '^worst_one_rank_ratio=[0-9]+\.[0-9]{4} strategy=[a-z_0-9+=A-Z]+$' ||
+  { cat one.txt; echo "FAIL: --one-rank-overhead's last line is '$last'"; exit 1; }
+echo "one-rank overhead: $last"
+
+timeout 60 "$bench" --strategies 'raw,fsdp+sharding_strategy' --world-sizes 1 --steps 2 --warmup 0 --out '' \
+  > bad.txt 2>&1 || true
+grep -q "is not KEY=VALUE" bad.txt ||
+  { cat bad.txt; echo "FAIL: a malformed cell was not refused with what is accepted"; exit 1; }
+echo "ok"

@@ -1,0 +1,146 @@
+#include "results.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <ostream>
+#include <stdexcept>
+#include <utility>
+
+namespace loom_bench {
+
+namespace {
+
+// The value at fraction q of the sorted values (nearest rank, interpolated).
+double quantile(const std::vector<double>& sorted, double q) {
+  const double position = q * static_cast<double>(sorted.size() - 1);
+  const auto below = static_cast<std::size_t>(std::floor(position));
+  const auto above = std::min(below + 1, sorted.size() - 1);
+  return sorted[below] + (position - static_cast<double>(below)) * (sorted[above] - sorted[below]);
+}
+
+std::string fixed(double value, int decimals) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.*f", decimals, value);
+  return text;
+}
+
+std::string optional_text(const std::optional<double>& value, int decimals) {
+  return value ? fixed(*value, decimals) : std::string("-");
+}
+
+nlohmann::json optional_json(const std::optional<double>& value) {
+  return value ? nlohmann::json(*value) : nlohmann::json(nullptr);
+}
+
+}  // namespace
+
+spread spread_of(std::vector<double> values) {
+  if (values.empty()) return {};
+  std::sort(values.begin(), values.end());
+  return {quantile(values, 0.5), quantile(values, 0.1), quantile(values, 0.9)};
+}
+
+void compare(std::vector<cell_result>& results) {
+  // (precision, world size) -> the raw loop's median; precision -> single_device's at one rank.
+  std::map<std::pair<std::string, int>, double> raw;
+  std::map<std::string, double> single;
+  for (const auto& r : results) {
+    if (!r.refused.empty() || r.steps == 0) continue;
+    if (r.label == "raw") raw[{r.precision, r.world_size}] = r.step_ms.median;
+    if (r.label == "single_device" && r.world_size == 1) single[r.precision] = r.step_ms.median;
+  }
+  for (auto& r : results) {
+    if (!r.refused.empty() || r.steps == 0) continue;
+    if (auto it = raw.find({r.precision, r.world_size}); it != raw.end() && r.label != "raw") {
+      r.beyond_raw_ms = r.step_ms.median - it->second;
+    }
+    if (auto it = single.find(r.precision); it != single.end()) r.vs_single_device = r.step_ms.median / it->second;
+  }
+}
+
+void write_markdown(std::ostream& out, const std::vector<cell_result>& results) {
+  out << "| cell | precision | ranks | step ms (p10-p90) | forward | backward | optimizer | beyond raw loop ms "
+         "| samples/s | GFLOP/s | x single_device (1 rank) | RSS peak MiB |\n"
+      << "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto& r : results) {
+    out << "| " << r.label << " | " << r.precision << " | " << r.world_size << " | ";
+    if (!r.refused.empty()) {
+      out << "refused: " << r.refused << " | | | | | | | | |\n";
+      continue;
+    }
+    out << fixed(r.step_ms.median, 2) << " (" << fixed(r.step_ms.p10, 2) << "-" << fixed(r.step_ms.p90, 2) << ") | "
+        << fixed(r.forward_ms, 2) << " | " << fixed(r.backward_ms, 2) << " | " << fixed(r.optimizer_ms, 2) << " | "
+        << optional_text(r.beyond_raw_ms, 2) << " | " << fixed(r.samples_per_second, 0) << " | "
+        << fixed(r.flop_per_second / 1e9, 2) << " | " << optional_text(r.vs_single_device, 3) << " | "
+        << fixed(r.rss_peak_mib, 0) << " |\n";
+  }
+}
+
+void write_csv(std::ostream& out, const std::vector<cell_result>& results) {
+  out << "cell,precision,world_size,refused,steps,step_ms_median,step_ms_p10,step_ms_p90,forward_ms,backward_ms,"
+         "optimizer_ms,beyond_raw_ms,samples_per_second,flop_per_second,vs_single_device,rss_peak_mib\n";
+  for (const auto& r : results) {
+    std::string refused = r.refused;
+    std::replace(refused.begin(), refused.end(), '"', '\'');
+    out << '"' << r.label << "\"," << r.precision << ',' << r.world_size << ",\"" << refused << "\"," << r.steps << ','
+        << fixed(r.step_ms.median, 4) << ',' << fixed(r.step_ms.p10, 4) << ',' << fixed(r.step_ms.p90, 4) << ','
+        << fixed(r.forward_ms, 4) << ',' << fixed(r.backward_ms, 4) << ',' << fixed(r.optimizer_ms, 4) << ','
+        << (r.beyond_raw_ms ? fixed(*r.beyond_raw_ms, 4) : "") << ',' << fixed(r.samples_per_second, 1) << ','
+        << fixed(r.flop_per_second, 0) << ',' << (r.vs_single_device ? fixed(*r.vs_single_device, 4) : "") << ','
+        << fixed(r.rss_peak_mib, 1) << '\n';
+  }
+}
+
+void write_json(std::ostream& out, const std::vector<cell_result>& results, const std::string& machine) {
+  nlohmann::json cells = nlohmann::json::array();
+  for (const auto& r : results) {
+    cells.push_back({{"cell", r.label},
+                     {"precision", r.precision},
+                     {"world_size", r.world_size},
+                     {"refused", r.refused},
+                     {"steps", r.steps},
+                     {"step_ms", {{"median", r.step_ms.median}, {"p10", r.step_ms.p10}, {"p90", r.step_ms.p90}}},
+                     {"forward_ms", r.forward_ms},
+                     {"backward_ms", r.backward_ms},
+                     {"optimizer_ms", r.optimizer_ms},
+                     {"beyond_raw_ms", optional_json(r.beyond_raw_ms)},
+                     {"samples_per_second", r.samples_per_second},
+                     {"flop_per_second", r.flop_per_second},
+                     {"vs_single_device", optional_json(r.vs_single_device)},
+                     {"rss_peak_mib", r.rss_peak_mib}});
+  }
+  out << nlohmann::json{{"machine", machine}, {"cells", cells}}.dump(1) << '\n';
+}
+
+std::vector<cell_result> read_json(std::istream& in) {
+  std::vector<cell_result> results;
+  try {
+    const auto document = nlohmann::json::parse(in);
+    for (const auto& c : document.at("cells")) {
+      cell_result r;
+      r.label = c.at("cell").get<std::string>();
+      r.precision = c.at("precision").get<std::string>();
+      r.world_size = c.at("world_size").get<int>();
+      r.refused = c.at("refused").get<std::string>();
+      r.steps = c.at("steps").get<int>();
+      const auto& step = c.at("step_ms");
+      r.step_ms = {step.at("median").get<double>(), step.at("p10").get<double>(), step.at("p90").get<double>()};
+      r.forward_ms = c.at("forward_ms").get<double>();
+      r.backward_ms = c.at("backward_ms").get<double>();
+      r.optimizer_ms = c.at("optimizer_ms").get<double>();
+      r.samples_per_second = c.at("samples_per_second").get<double>();
+      r.flop_per_second = c.at("flop_per_second").get<double>();
+      r.rss_peak_mib = c.at("rss_peak_mib").get<double>();
+      results.push_back(std::move(r));
+    }
+  } catch (const nlohmann::json::exception& error) {
+    throw std::runtime_error(std::string("loom-bench: a worker's results cannot be read: ") + error.what());
+  }
+  return results;
+}
+
+}  // namespace loom_bench

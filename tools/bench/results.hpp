@@ -1,0 +1,52 @@
+// What loom-bench measured per cell, and the three ways it is reported: a
+// Markdown table on stdout, CSV and JSON (also how a worker set hands its
+// cells to the driver). No torch headers.
+#pragma once
+
+#include <iosfwd>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace loom_bench {
+
+// The median, 10th and 90th percentile of a series of step times.
+struct spread {
+  double median = 0;
+  double p10 = 0;
+  double p90 = 0;
+};
+spread spread_of(std::vector<double> values);
+
+struct cell_result {
+  std::string label;      // the cell as named ("fsdp+sharding_strategy=SHARD_GRAD_OP", "raw")
+  std::string precision;  // "32-true", "bf16-mixed", ...
+  int world_size = 1;
+  std::string refused;  // not empty: the cell did not run, and why
+  int steps = 0;        // measured steps (after the warm-up)
+  spread step_ms;       // the whole step, on rank 0
+  // Medians of the step's parts: forward (zero_grad, forward, loss), backward, optimizer step.
+  double forward_ms = 0;
+  double backward_ms = 0;
+  double optimizer_ms = 0;
+  double samples_per_second = 0;  // all ranks
+  double flop_per_second = 0;     // model FLOP (matrix products, forward and backward), all ranks
+  double rss_peak_mib = 0;        // rank 0's process, all its cells (VmHWM)
+  // Filled in by the driver: against the raw loop and single_device at the same
+  // precision and world size 1 (no value: not measured in this run).
+  std::optional<double> beyond_raw_ms;
+  std::optional<double> vs_single_device;
+};
+
+// The JSON write_json writes, read back (the driver merges its worker
+// sets' files); throws std::runtime_error naming what it cannot read.
+std::vector<cell_result> read_json(std::istream& in);
+
+// Ratios and differences against the raw loop and single_device.
+void compare(std::vector<cell_result>& results);
+
+void write_markdown(std::ostream& out, const std::vector<cell_result>& results);
+void write_csv(std::ostream& out, const std::vector<cell_result>& results);
+void write_json(std::ostream& out, const std::vector<cell_result>& results, const std::string& machine);
+
+}  // namespace loom_bench

@@ -1,0 +1,301 @@
+#include "worker.hpp"
+
+#include "cell.hpp"
+
+#include <loom/any_fabric.hpp>
+#include <loom/cluster/environment.hpp>
+#include <loom/runtime/make_fabric_with_strategy.hpp>
+#include <loom/runtime/strategy_options.hpp>
+#include <loom/strategy/model_parallel.hpp>
+#include <loom/strategy/unit.hpp>
+#include <loom/tp/layers.hpp>
+#include <loom/tp/parallelize.hpp>
+#include <loom/util/flop_counter.hpp>
+
+#include <ATen/Context.h>
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/module.h>
+#include <torch/optim/adam.h>
+
+#include <chrono>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+
+namespace loom_bench {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double ms_between(clock_type::time_point a, clock_type::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+// The MLP of the given widths, ReLU between layers. Each Linear is a
+// loom::unit (what FSDP and ZeRO-3 shard and gather one at a time) of a
+// loom::tp::Linear (what model_parallel's plan shards); under every other
+// strategy both are a plain torch::nn::Linear.
+struct MlpImpl : torch::nn::Module {
+  explicit MlpImpl(const std::vector<std::int64_t>& widths) {
+    for (std::size_t i = 0; i + 1 < widths.size(); ++i) {
+      layers.push_back(register_module("fc" + std::to_string(i),
+                                       loom::unit<loom::tp::Linear>(widths[i], widths[i + 1])));
+    }
+  }
+  at::Tensor forward(at::Tensor x) {
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      x = layers[i](x);
+      if (i + 1 < layers.size()) x = torch::relu(x);
+    }
+    return x;
+  }
+  std::vector<loom::unit<loom::tp::Linear>> layers;
+};
+TORCH_MODULE(Mlp);
+
+// model_parallel's plan for the MLP: layers alternate column- and row-wise
+// (Megatron's pairing: the activation between them stays sharded); an odd
+// last layer is column-wise with its output gathered.
+void parallelize_mlp(torch::nn::Module& module, loom::comm::device_mesh& mesh, std::size_t layers) {
+  loom::tp::parallelize_plan plan;
+  for (std::size_t i = 0; i < layers; ++i) {
+    const std::string name = "fc" + std::to_string(i);
+    if (i % 2 == 1) plan.emplace_back(name, loom::tp::rowwise_parallel{});
+    else if (i + 1 == layers) plan.emplace_back(name, loom::tp::colwise_parallel{.output_layout = loom::tp::replicate()});
+    else plan.emplace_back(name, loom::tp::colwise_parallel{});
+  }
+  loom::tp::parallelize_module(module, mesh, plan);
+}
+
+struct step_times {
+  std::vector<double> step, forward, backward, optimizer;
+};
+
+// One cell at one precision: its fabric, model and optimizer, and its step.
+struct runner {
+  cell_result result;
+  int data_parallel_size = 1;  // ranks that each train on their own batch
+  int global_rank = -1;        // as the cell's fabric says (-1: no fabric)
+  std::function<void(step_times*)> step;
+  step_times times;
+};
+
+struct batch {
+  at::Tensor inputs;
+  at::Tensor targets;
+};
+
+batch batch_for(const worker_options& options, int data_parallel_rank) {
+  at::manual_seed(1 + data_parallel_rank);
+  return {at::randn({options.batch_per_rank, options.widths.front()}),
+          at::randint(0, options.widths.back(), {options.batch_per_rank})};
+}
+
+// A step through fabric (forward: zero_grad, forward and loss). The wrapped
+// model and optimizer refer to the user's, which the step keeps alive.
+template <class Model, class Optimizer>
+std::function<void(step_times*)> fabric_step(std::shared_ptr<loom::AnyFabric> fabric, std::shared_ptr<Mlp> net,
+                                             std::shared_ptr<torch::optim::Adam> adam, std::shared_ptr<Model> model,
+                                             std::shared_ptr<Optimizer> optimizer, batch data) {
+  return [fabric, net, adam, model, optimizer, data](step_times* times) {
+    const auto t0 = clock_type::now();
+    optimizer->zero_grad();
+    auto loss = torch::nn::functional::cross_entropy((*model)(data.inputs), data.targets);
+    const auto t1 = clock_type::now();
+    fabric->backward(loss);
+    const auto t2 = clock_type::now();
+    optimizer->step();
+    const auto t3 = clock_type::now();
+    if (times != nullptr) {
+      times->step.push_back(ms_between(t0, t3));
+      times->forward.push_back(ms_between(t0, t1));
+      times->backward.push_back(ms_between(t1, t2));
+      times->optimizer.push_back(ms_between(t2, t3));
+    }
+  };
+}
+
+// The raw LibTorch loop: the same model, optimizer and batch, no Fabric.
+void make_raw(runner& r, const worker_options& options, int rank) {
+  if (r.result.precision != "32-true") {
+    r.result.refused = "the raw LibTorch loop runs in 32-true only (compare with single_device at this precision)";
+    return;
+  }
+  at::manual_seed(0);
+  auto net = std::make_shared<Mlp>(options.widths);
+  auto adam = std::make_shared<torch::optim::Adam>((*net)->parameters(), torch::optim::AdamOptions(1e-3));
+  const batch data = batch_for(options, rank);
+  r.step = [net, adam, data](step_times* times) {
+    const auto t0 = clock_type::now();
+    adam->zero_grad();
+    auto loss = torch::nn::functional::cross_entropy((*net)->forward(data.inputs), data.targets);
+    const auto t1 = clock_type::now();
+    loss.backward();
+    const auto t2 = clock_type::now();
+    adam->step();
+    const auto t3 = clock_type::now();
+    if (times != nullptr) {
+      times->step.push_back(ms_between(t0, t3));
+      times->forward.push_back(ms_between(t0, t1));
+      times->backward.push_back(ms_between(t1, t2));
+      times->optimizer.push_back(ms_between(t2, t3));
+    }
+  };
+}
+
+// A registered name through make_fabric; model_parallel (its plan is code)
+// as a strategy object, with data_parallel_size and tensor_parallel_size
+// read from the cell's options.
+void make_fabric_cell(runner& r, const cell& spec, const worker_options& options, int rank, int local_processes) {
+  loom::fabric_config config;
+  config.accelerator = "cpu";
+  config.devices = local_processes;  // what the launcher started on this node
+  config.precision = r.result.precision;
+  std::shared_ptr<loom::AnyFabric> fabric;
+  int data_parallel_rank = rank;
+  if (spec.strategy == "model_parallel") {
+    loom::runtime::option_reader reader("model_parallel", spec.options_json);
+    std::int64_t data_parallel = 0;
+    std::int64_t tensor_parallel = 0;
+    reader.read("data_parallel_size", data_parallel, 0, 1 << 20);
+    reader.read("tensor_parallel_size", tensor_parallel, 0, 1 << 20);
+    reader.finish();
+    const std::size_t layers = options.widths.size() - 1;
+    auto where = std::make_shared<std::pair<int, int>>(0, 1);
+    fabric.reset(new loom::AnyFabric(loom::make_fabric(  // not movable: built in place
+        config, loom::model_parallel(loom::model_parallel_options{
+                    .parallelize_fn =
+                        [where, layers](torch::nn::Module& module, loom::comm::device_mesh& mesh) {
+                          *where = {mesh.coordinate("data_parallel"), mesh.size("data_parallel")};
+                          parallelize_mlp(module, mesh, layers);
+                        },
+                    .data_parallel_size = static_cast<int>(data_parallel),
+                    .tensor_parallel_size = static_cast<int>(tensor_parallel)}))));
+    fabric->launch();
+    at::manual_seed(0);
+    auto net = std::make_shared<Mlp>(options.widths);
+    auto adam = std::make_shared<torch::optim::Adam>((*net)->parameters(), torch::optim::AdamOptions(1e-3));
+    auto [model, optimizer] = fabric->setup(*net, *adam);
+    data_parallel_rank = where->first;
+    r.data_parallel_size = where->second;
+    r.global_rank = fabric->global_rank();
+    r.step = fabric_step(fabric, net, adam, std::make_shared<decltype(model)>(std::move(model)),
+                         std::make_shared<decltype(optimizer)>(std::move(optimizer)),
+                         batch_for(options, data_parallel_rank));
+    return;
+  }
+  config.strategy = spec.strategy;
+  config.strategy_options = spec.options_json;
+  fabric.reset(new loom::AnyFabric(loom::make_fabric(config)));
+  fabric->launch();
+  at::manual_seed(0);
+  auto net = std::make_shared<Mlp>(options.widths);
+  auto adam = std::make_shared<torch::optim::Adam>((*net)->parameters(), torch::optim::AdamOptions(1e-3));
+  auto [model, optimizer] = fabric->setup(*net, *adam);
+  r.data_parallel_size = fabric->world_size();
+  r.global_rank = data_parallel_rank = fabric->global_rank();
+  r.step = fabric_step(fabric, net, adam, std::make_shared<decltype(model)>(std::move(model)),
+                       std::make_shared<decltype(optimizer)>(std::move(optimizer)),
+                       batch_for(options, data_parallel_rank));
+}
+
+// The model FLOP of one step at the per-rank batch (forward and backward
+// matrix products), counted once on a plain copy of the model.
+double step_flop(const worker_options& options) {
+  at::manual_seed(0);
+  Mlp net(options.widths);
+  const batch data = batch_for(options, 0);
+  const auto counted = loom::measure_flops(
+      *net, [&]() { return net->forward(data.inputs); },
+      [&](const at::Tensor& output) { return torch::nn::functional::cross_entropy(output, data.targets); });
+  return counted.total();
+}
+
+// This process's resident-set high-water mark (VmHWM), in MiB.
+double rss_peak_mib() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::vector<cell_result> run_cells(const worker_options& options) {
+  const loom::cluster::cluster_info job = loom::cluster::detect();
+  const int world_size = job.world_size.value_or(1);
+  // Until a fabric says (loom-run leaves the global rank to the strategy):
+  // the rank on a single node, for the raw loop's batch.
+  int rank = job.global_rank.value_or(job.node_rank * job.local_world_size.value_or(world_size) + job.local_rank);
+  // The cells join the processes the launcher started under their own
+  // names: loom-run's --strategy (if any) names none of them.
+  loom::cluster::export_variable("LT_CLI_USED", "");
+  // Steps on one fixed batch drive gradients to denormal floats after some
+  // tens of steps, whose x86 arithmetic is many times slower: the timings
+  // would measure microcode assists, not strategies. Flushed, as
+  // bench/zero_vs_torch.sh does on both sides (the report says so).
+  at::globalContext().setFlushDenormal(true);
+
+  std::vector<runner> runners;
+  for (const auto& precision : options.precisions) {
+    for (const auto& text : options.cells) {
+      runner r;
+      r.result.label = text;
+      r.result.precision = precision;
+      r.result.world_size = world_size;
+      try {
+        const cell spec = parse_cell(text);
+        if (spec.is_raw()) make_raw(r, options, rank);
+        else if (spec.strategy == "single_device" && world_size > 1) {
+          r.result.refused = "single_device runs one process (it is the 1-rank reference)";
+        } else make_fabric_cell(r, spec, options, rank, job.local_world_size.value_or(world_size));
+      } catch (const std::exception& error) {
+        r.result.refused = error.what();
+      }
+      runners.push_back(std::move(r));
+    }
+  }
+  for (const auto& r : runners) {
+    if (r.global_rank >= 0) {
+      rank = r.global_rank;
+      break;
+    }
+  }
+  const double flop = step_flop(options);
+  for (auto& r : runners) {
+    if (!r.step) continue;
+    for (int s = 0; s < options.warmup; ++s) r.step(nullptr);
+  }
+  for (int done = 0; done < options.steps; done += options.block) {
+    for (auto& r : runners) {
+      if (!r.step) continue;
+      for (int s = 0; s < options.block && done + s < options.steps; ++s) r.step(&r.times);
+    }
+  }
+  std::vector<cell_result> results;
+  if (rank != 0) return results;
+  const double rss = rss_peak_mib();
+  for (auto& r : runners) {
+    cell_result result = r.result;
+    if (r.step) {
+      result.steps = static_cast<int>(r.times.step.size());
+      result.step_ms = spread_of(r.times.step);
+      result.forward_ms = spread_of(r.times.forward).median;
+      result.backward_ms = spread_of(r.times.backward).median;
+      result.optimizer_ms = spread_of(r.times.optimizer).median;
+      const double seconds = result.step_ms.median / 1e3;
+      result.samples_per_second = static_cast<double>(options.batch_per_rank * r.data_parallel_size) / seconds;
+      result.flop_per_second = flop * r.data_parallel_size / seconds;
+    }
+    result.rss_peak_mib = rss;
+    results.push_back(std::move(result));
+  }
+  return results;
+}
+
+}  // namespace loom_bench
