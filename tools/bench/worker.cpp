@@ -95,27 +95,39 @@ batch batch_for(const worker_options& options, int data_parallel_rank) {
           at::randint(0, options.widths.back(), {options.batch_per_rank})};
 }
 
-// A step through fabric (forward: zero_grad, forward and loss). The wrapped
-// model and optimizer refer to the user's, which the step keeps alive.
+// One step, timed in its three parts: forward (zero_grad, forward and
+// loss) returns the loss, backward takes it, then the optimizer steps.
+template <class Forward, class Backward, class Step>
+void timed_step(step_times* times, Forward&& forward, Backward&& backward, Step&& step) {
+  const auto t0 = clock_type::now();
+  const at::Tensor loss = forward();
+  const auto t1 = clock_type::now();
+  backward(loss);
+  const auto t2 = clock_type::now();
+  step();
+  const auto t3 = clock_type::now();
+  if (times != nullptr) {
+    times->step.push_back(ms_between(t0, t3));
+    times->forward.push_back(ms_between(t0, t1));
+    times->backward.push_back(ms_between(t1, t2));
+    times->optimizer.push_back(ms_between(t2, t3));
+  }
+}
+
+// A step through fabric. The wrapped model and optimizer refer to the
+// user's, which the step keeps alive.
 template <class Model, class Optimizer>
 std::function<void(step_times*)> fabric_step(std::shared_ptr<loom::AnyFabric> fabric, std::shared_ptr<Mlp> net,
                                              std::shared_ptr<torch::optim::Adam> adam, std::shared_ptr<Model> model,
                                              std::shared_ptr<Optimizer> optimizer, batch data) {
   return [fabric, net, adam, model, optimizer, data](step_times* times) {
-    const auto t0 = clock_type::now();
-    optimizer->zero_grad();
-    auto loss = torch::nn::functional::cross_entropy((*model)(data.inputs), data.targets);
-    const auto t1 = clock_type::now();
-    fabric->backward(loss);
-    const auto t2 = clock_type::now();
-    optimizer->step();
-    const auto t3 = clock_type::now();
-    if (times != nullptr) {
-      times->step.push_back(ms_between(t0, t3));
-      times->forward.push_back(ms_between(t0, t1));
-      times->backward.push_back(ms_between(t1, t2));
-      times->optimizer.push_back(ms_between(t2, t3));
-    }
+    timed_step(
+        times,
+        [&] {
+          optimizer->zero_grad();
+          return torch::nn::functional::cross_entropy((*model)(data.inputs), data.targets);
+        },
+        [&](const at::Tensor& loss) { fabric->backward(loss); }, [&] { optimizer->step(); });
   };
 }
 
@@ -130,20 +142,13 @@ void make_raw(runner& r, const worker_options& options, int rank) {
   auto adam = std::make_shared<torch::optim::Adam>((*net)->parameters(), torch::optim::AdamOptions(1e-3));
   const batch data = batch_for(options, rank);
   r.step = [net, adam, data](step_times* times) {
-    const auto t0 = clock_type::now();
-    adam->zero_grad();
-    auto loss = torch::nn::functional::cross_entropy((*net)->forward(data.inputs), data.targets);
-    const auto t1 = clock_type::now();
-    loss.backward();
-    const auto t2 = clock_type::now();
-    adam->step();
-    const auto t3 = clock_type::now();
-    if (times != nullptr) {
-      times->step.push_back(ms_between(t0, t3));
-      times->forward.push_back(ms_between(t0, t1));
-      times->backward.push_back(ms_between(t1, t2));
-      times->optimizer.push_back(ms_between(t2, t3));
-    }
+    timed_step(
+        times,
+        [&] {
+          adam->zero_grad();
+          return torch::nn::functional::cross_entropy((*net)->forward(data.inputs), data.targets);
+        },
+        [](const at::Tensor& loss) { loss.backward(); }, [&] { adam->step(); });
   };
 }
 
