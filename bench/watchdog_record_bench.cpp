@@ -13,7 +13,7 @@ void BM_record_all_reduce(benchmark::State& state) {
   loom::comm::collective_recorder recorder;
   const at::Tensor bucket = at::zeros({1 << 20});
   for (auto _ : state) {
-    recorder.record(loom::comm::collective_kind::all_reduce, &bucket);
+    recorder.record(loom::comm::collective_kind::all_reduce, &bucket, loom::comm::bytes_of(bucket));
     benchmark::ClobberMemory();
   }
   state.counters["entries"] = static_cast<double>(recorder.entered());
@@ -24,7 +24,7 @@ void BM_record_all_gather_4d(benchmark::State& state) {
   loom::comm::collective_recorder recorder;
   const at::Tensor activations = at::zeros({2, 3, 4, 5});
   for (auto _ : state) {
-    recorder.record(loom::comm::collective_kind::all_gather, &activations);
+    recorder.record(loom::comm::collective_kind::all_gather, &activations, loom::comm::bytes_of(activations));
     benchmark::ClobberMemory();
   }
 }

@@ -5,7 +5,10 @@
 #   the table, the CSV and the JSON; every cell is measured (steps, a step
 #   time with p10 <= median <= p90, parts that add up to it, samples/s,
 #   FLOP/s and RSS), but single_device at 2 ranks, refused with its reason;
-#   the ratio to single_device is 1 for single_device itself.
+#   the ratio to single_device is 1 for single_device itself; every cell's
+#   collective payload per step equals its strategy's formula, byte for byte
+#   (tools/bench/cell.hpp: 0 at one rank), and at 3 ranks, where units are
+#   padded to a multiple of 3, for FSDP and ZeRO too.
 # - `loom-run --devices 2 bench` runs one world size the way loom-run starts
 #   any program, and rank 0 alone prints the table.
 # - --one-rank-overhead ends with worst_one_rank_ratio=R strategy=NAME.
@@ -49,6 +52,11 @@ for c in cells:
         problems.append(f"{where}: steps {c['steps']}, step_ms {step}")
     if c["samples_per_second"] <= 0 or c["flop_per_second"] <= 0 or c["rss_peak_mib"] <= 0:
         problems.append(f"{where}: throughput or RSS missing: {c}")
+    if c["payload_formula_bytes"] is None or c["payload_bytes_per_step"] != c["payload_formula_bytes"]:
+        problems.append(f"{where}: payload {c['payload_bytes_per_step']} bytes per step, formula "
+                        f"{c['payload_formula_bytes']} ({c['collectives_by_kind']})")
+    if c["world_size"] == 2 and c["cell"] not in ("raw", "parallel") and c["collectives_per_step"] < 1:
+        problems.append(f"{where}: no collective recorded")
 for c in cells:
     if c["cell"] == "single_device" and c["world_size"] == 1 and c["vs_single_device"] != 1.0:
         problems.append(f"single_device against itself: {c['vs_single_device']}")
@@ -71,6 +79,20 @@ if [ "$(grep -c '^| ' launched.txt)" -ne 4 ] || [ "$(grep -c '^| ddp | 32-true |
   exit 1
 fi
 echo "loom-run bench: one table, 3 cells at 2 ranks"
+
+# Units of 561, 1088 and 165 parameters: padded to 561, 1089 and 165 at 3 ranks.
+timeout 60 "$bench" --widths 16,33,32,5 --batch 8 --steps 4 --warmup 1 --world-sizes 3 --out padded \
+  --strategies fsdp,fsdp+sharding_strategy=SHARD_GRAD_OP,deepspeed_stage_1,deepspeed_stage_3 > padded.txt 2>&1 ||
+  { cat padded.txt; echo "FAIL: loom-bench at 3 ranks failed"; exit 1; }
+/usr/bin/python3 - padded/loom-bench.json <<'EOF'
+import json, sys
+cells = json.load(open(sys.argv[1]))["cells"]
+wrong = [c for c in cells if c["refused"] or c["payload_bytes_per_step"] != c["payload_formula_bytes"]]
+for c in wrong:
+    print(f"{c['cell']} at 3 ranks: {c['refused'] or ''} payload {c['payload_bytes_per_step']}, formula {c['payload_formula_bytes']}")
+print(f"padded units at 3 ranks: {len(cells) - len(wrong)} of {len(cells)} cells carry the formula's payload")
+sys.exit(1 if wrong or len(cells) != 4 else 0)
+EOF
 
 timeout 60 "$bench" --one-rank-overhead --steps 10 --warmup 2 --out '' > one.txt 2>&1 ||
   { cat one.txt; echo "FAIL: --one-rank-overhead failed"; exit 1; }

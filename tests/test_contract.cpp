@@ -404,16 +404,27 @@ TEST_CASE("make_fabric takes a ready strategy object, as Lightning's Fabric(stra
 // back (and sends to the other ranks) describes the op, dtype and shape.
 TEST_CASE("the collective recorder keeps the last entries, allocates nothing, and its records round-trip",
           "[contract]") {
+  using loom::comm::collective_kind;
   loom::comm::collective_recorder recorder;
   const at::Tensor grads = at::zeros({3, 5});
   const at::Tensor index = at::zeros({7}, at::kLong);
-  recorder.record(loom::comm::collective_kind::broadcast, &index);
+  const loom::comm::traffic traffic_before = loom::comm::traffic_so_far();
+  recorder.record(collective_kind::broadcast, &index, loom::comm::bytes_of(index));
   const unsigned long long before = loom_test::allocation_count();
-  for (int i = 0; i < 1000; ++i) recorder.record(loom::comm::collective_kind::all_reduce, &grads);
-  recorder.record(loom::comm::collective_kind::barrier, nullptr);
-  recorder.record(loom::comm::collective_kind::all_to_all, &grads, /*compare_shape=*/false);
+  for (int i = 0; i < 1000; ++i) recorder.record(collective_kind::all_reduce, &grads, loom::comm::bytes_of(grads));
+  recorder.record(collective_kind::barrier, nullptr, std::uint64_t{0});
+  recorder.record(collective_kind::all_to_all, &grads, loom::comm::bytes_of(grads), /*compare_shape=*/false);
   CHECK(loom_test::allocation_count() == before);
   CHECK(recorder.entered() == 1003);
+  // Each record is this process's traffic too (loom/comm/traffic.hpp), by kind.
+  const loom::comm::traffic traffic = loom::comm::traffic_so_far() - traffic_before;
+  CHECK(traffic[collective_kind::broadcast].payload_bytes == 7 * 8);
+  CHECK(traffic[collective_kind::all_reduce].collectives == 1000);
+  CHECK(traffic[collective_kind::all_reduce].payload_bytes == 1000 * 15 * 4);
+  CHECK(traffic[collective_kind::barrier].collectives == 1);
+  CHECK(traffic[collective_kind::barrier].payload_bytes == 0);
+  CHECK(traffic.total().collectives == 1003);
+  CHECK(traffic.total().payload_bytes == 7 * 8 + 1000 * 15 * 4 + 15 * 4);
   // The ring holds the last `capacity` entries; older ones read as gone.
   CHECK_FALSE(recorder.at(0).has_value());
   REQUIRE(recorder.at(1002).has_value());
@@ -426,9 +437,9 @@ TEST_CASE("the collective recorder keeps the last entries, allocates nothing, an
   // Same op and dtype with the shape left out matches any shape; a different
   // op, dtype or shape does not.
   loom::comm::collective_recorder other;
-  other.record(loom::comm::collective_kind::all_to_all, &index, false);
-  other.record(loom::comm::collective_kind::all_reduce, &index);
-  other.record(loom::comm::collective_kind::broadcast, &grads);
+  other.record(loom::comm::collective_kind::all_to_all, &index, loom::comm::bytes_of(index), false);
+  other.record(loom::comm::collective_kind::all_reduce, &index, loom::comm::bytes_of(index));
+  other.record(loom::comm::collective_kind::broadcast, &grads, loom::comm::bytes_of(grads));
   CHECK(recorder.at(1002)->matches(*recorder.at(1002)));
   CHECK_FALSE(recorder.at(1002)->matches(*other.at(0)));  // dtype differs
   CHECK_FALSE(recorder.at(1000)->matches(*other.at(2)));  // op differs
@@ -436,8 +447,8 @@ TEST_CASE("the collective recorder keeps the last entries, allocates nothing, an
 
   loom::comm::group_watch group;
   group.recorder = std::make_shared<loom::comm::collective_recorder>();
-  group.recorder->record(loom::comm::collective_kind::reduce_scatter, &grads);
-  group.recorder->record(loom::comm::collective_kind::all_gather, &index);
+  group.recorder->record(loom::comm::collective_kind::reduce_scatter, &grads, loom::comm::bytes_of(grads));
+  group.recorder->record(loom::comm::collective_kind::all_gather, &index, loom::comm::bytes_of(index));
   group.heartbeat = 41;
   const auto decoded = loom::comm::decode_record(loom::comm::encode_record(group, /*paused=*/true));
   REQUIRE(decoded.has_value());

@@ -6,6 +6,8 @@
 // Not installed.
 #pragma once
 
+#include <loom/comm/traffic.hpp>
+
 #include <ATen/core/Tensor.h>
 
 #include <array>
@@ -18,21 +20,19 @@
 
 namespace loom::comm {
 
-enum class collective_kind : std::uint8_t {
-  broadcast,
-  all_reduce,
-  all_reduce_coalesced,
-  reduce,
-  all_gather,
-  all_gather_coalesced,
-  gather,
-  scatter,
-  reduce_scatter,
-  all_to_all,
-  barrier,
-};
+// Adds one collective of `kind` and its payload to this process's traffic
+// (loom/comm/traffic.hpp): relaxed atomic adds, nothing that waits.
+void note_traffic(collective_kind kind, std::uint64_t payload_bytes) noexcept;
 
-const char* name_of(collective_kind kind) noexcept;
+// The bytes of the tensors (a list's sum).
+inline std::uint64_t bytes_of(const at::Tensor& tensor) noexcept {
+  return tensor.defined() ? static_cast<std::uint64_t>(tensor.nbytes()) : 0;
+}
+inline std::uint64_t bytes_of(const std::vector<at::Tensor>& tensors) noexcept {
+  std::uint64_t sum = 0;
+  for (const auto& tensor : tensors) sum += bytes_of(tensor);
+  return sum;
+}
 
 // One collective as the ranks compare it: kind, dtype and shape. Shapes are
 // left out (rank == -1) where ranks legitimately differ (gather/scatter
@@ -56,8 +56,13 @@ class collective_recorder {
  public:
   static constexpr std::size_t capacity = 256;  // a power of two
 
-  // Called on entry to every collective of the group.
-  void record(collective_kind kind, const at::Tensor* tensor, bool compare_shape = true) noexcept {
+  // Called on entry to every collective of the group, with its payload
+  // (loom/comm/traffic.hpp says what that is for each kind).
+  // A payload is required: record(kind, tensor, false) must not read as 0 bytes.
+  void record(collective_kind kind, const at::Tensor* tensor, bool compare_shape) = delete;
+  void record(collective_kind kind, const at::Tensor* tensor, std::uint64_t payload_bytes,
+              bool compare_shape = true) noexcept {
+    note_traffic(kind, payload_bytes);
     const std::uint64_t sequence = entered_.fetch_add(1, std::memory_order_relaxed);
     slot& s = ring_[sequence & (capacity - 1)];
     s.words[0].store(invalid, std::memory_order_relaxed);

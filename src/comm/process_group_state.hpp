@@ -82,10 +82,14 @@ struct process_group_state {
 };
 
 // A collective loom builds from point-to-point messages: counted, and
-// recorded for the watchdog as the collective it is.
-inline void record_emulated(process_group_state& state, collective_kind kind, const at::Tensor& tensor) {
+// recorded for the watchdog as the collective it is. `chunk` is this rank's
+// part (an all-gather's input, a reduce-scatter's output): the payload is
+// the group's size of them.
+inline void record_emulated(process_group_state& state, collective_kind kind, const at::Tensor& chunk) {
   state.emulated_collectives.fetch_add(1, std::memory_order_relaxed);
-  if (state.watch) state.watch->recorder->record(kind, &tensor);
+  if (state.watch) {
+    state.watch->recorder->record(kind, &chunk, bytes_of(chunk) * static_cast<std::uint64_t>(state.size));
+  }
 }
 
 // Refuses a tensor that is not on the group's device (group_options::device),

@@ -8,7 +8,29 @@ namespace loom::comm {
 
 namespace {
 const at::Tensor* first(const std::vector<at::Tensor>& tensors) { return tensors.empty() ? nullptr : &tensors[0]; }
+
+// This process's traffic, every group together.
+struct atomic_traffic_count {
+  std::atomic<std::uint64_t> collectives{0};
+  std::atomic<std::uint64_t> payload_bytes{0};
+};
+std::array<atomic_traffic_count, collective_kinds> process_traffic;
 }  // namespace
+
+void note_traffic(collective_kind kind, std::uint64_t payload_bytes) noexcept {
+  auto& count = process_traffic[static_cast<std::size_t>(kind)];
+  count.collectives.fetch_add(1, std::memory_order_relaxed);
+  count.payload_bytes.fetch_add(payload_bytes, std::memory_order_relaxed);
+}
+
+traffic traffic_so_far() noexcept {
+  traffic now;
+  for (std::size_t k = 0; k < collective_kinds; ++k) {
+    now.by_kind[k] = {process_traffic[k].collectives.load(std::memory_order_relaxed),
+                      process_traffic[k].payload_bytes.load(std::memory_order_relaxed)};
+  }
+  return now;
+}
 
 const char* name_of(collective_kind kind) noexcept {
   switch (kind) {
@@ -86,45 +108,45 @@ recording_backend::recording_backend(c10::intrusive_ptr<compat::c10d_backend> in
 
 c10::intrusive_ptr<c10d::Work> recording_backend::broadcast(std::vector<at::Tensor>& tensors,
                                                             const c10d::BroadcastOptions& opts) {
-  recorder_->record(collective_kind::broadcast, first(tensors));
+  recorder_->record(collective_kind::broadcast, first(tensors), bytes_of(tensors));
   return inner_->broadcast(tensors, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> recording_backend::allreduce(std::vector<at::Tensor>& tensors,
                                                             const c10d::AllreduceOptions& opts) {
-  recorder_->record(collective_kind::all_reduce, first(tensors));
+  recorder_->record(collective_kind::all_reduce, first(tensors), bytes_of(tensors));
   return inner_->allreduce(tensors, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> recording_backend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                       const c10d::AllreduceCoalescedOptions& opts) {
-  recorder_->record(collective_kind::all_reduce_coalesced, first(tensors));
+  recorder_->record(collective_kind::all_reduce_coalesced, first(tensors), bytes_of(tensors));
   return inner_->allreduce_coalesced(tensors, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> recording_backend::reduce(std::vector<at::Tensor>& tensors,
                                                          const c10d::ReduceOptions& opts) {
-  recorder_->record(collective_kind::reduce, first(tensors));
+  recorder_->record(collective_kind::reduce, first(tensors), bytes_of(tensors));
   return inner_->reduce(tensors, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> recording_backend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                             std::vector<at::Tensor>& inputs,
                                                             const c10d::AllgatherOptions& opts) {
-  recorder_->record(collective_kind::all_gather, first(inputs));
+  recorder_->record(collective_kind::all_gather, first(inputs), bytes_of(inputs) * static_cast<std::uint64_t>(getSize()));
   return inner_->allgather(outputs, inputs, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> recording_backend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                   const c10d::AllgatherOptions& opts) {
-  recorder_->record(collective_kind::all_gather, &input);
+  recorder_->record(collective_kind::all_gather, &input, bytes_of(output));
   return inner_->_allgather_base(output, input, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> recording_backend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                       std::vector<at::Tensor>& inputs,
                                                                       const c10d::AllgatherOptions& opts) {
-  recorder_->record(collective_kind::all_gather_coalesced, first(inputs));
+  recorder_->record(collective_kind::all_gather_coalesced, first(inputs), bytes_of(inputs) * static_cast<std::uint64_t>(getSize()));
   return inner_->allgather_coalesced(outputs, inputs, opts);
 }
 
@@ -132,27 +154,27 @@ c10::intrusive_ptr<c10d::Work> recording_backend::allgather_coalesced(std::vecto
 c10::intrusive_ptr<c10d::Work> recording_backend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::GatherOptions& opts) {
-  recorder_->record(collective_kind::gather, first(inputs), /*compare_shape=*/false);
+  recorder_->record(collective_kind::gather, first(inputs), bytes_of(inputs) * static_cast<std::uint64_t>(getSize()), /*compare_shape=*/false);
   return inner_->gather(outputs, inputs, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> recording_backend::scatter(std::vector<at::Tensor>& outputs,
                                                           std::vector<std::vector<at::Tensor>>& inputs,
                                                           const c10d::ScatterOptions& opts) {
-  recorder_->record(collective_kind::scatter, first(outputs), /*compare_shape=*/false);
+  recorder_->record(collective_kind::scatter, first(outputs), bytes_of(outputs) * static_cast<std::uint64_t>(getSize()), /*compare_shape=*/false);
   return inner_->scatter(outputs, inputs, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> recording_backend::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                  std::vector<std::vector<at::Tensor>>& inputs,
                                                                  const c10d::ReduceScatterOptions& opts) {
-  recorder_->record(collective_kind::reduce_scatter, first(outputs));
+  recorder_->record(collective_kind::reduce_scatter, first(outputs), bytes_of(outputs) * static_cast<std::uint64_t>(getSize()));
   return inner_->reduce_scatter(outputs, inputs, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> recording_backend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                        const c10d::ReduceScatterOptions& opts) {
-  recorder_->record(collective_kind::reduce_scatter, &output);
+  recorder_->record(collective_kind::reduce_scatter, &output, bytes_of(input));
   return inner_->_reduce_scatter_base(output, input, opts);
 }
 
@@ -161,14 +183,14 @@ c10::intrusive_ptr<c10d::Work> recording_backend::alltoall_base(at::Tensor& outp
                                                                 std::vector<int64_t>& output_splits,
                                                                 std::vector<int64_t>& input_splits,
                                                                 const c10d::AllToAllOptions& opts) {
-  recorder_->record(collective_kind::all_to_all, &input, /*compare_shape=*/false);
+  recorder_->record(collective_kind::all_to_all, &input, bytes_of(input), /*compare_shape=*/false);
   return inner_->alltoall_base(output, input, output_splits, input_splits, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> recording_backend::alltoall(std::vector<at::Tensor>& outputs,
                                                            std::vector<at::Tensor>& inputs,
                                                            const c10d::AllToAllOptions& opts) {
-  recorder_->record(collective_kind::all_to_all, first(inputs), /*compare_shape=*/false);
+  recorder_->record(collective_kind::all_to_all, first(inputs), bytes_of(inputs), /*compare_shape=*/false);
   return inner_->alltoall(outputs, inputs, opts);
 }
 
@@ -185,12 +207,12 @@ c10::intrusive_ptr<c10d::Work> recording_backend::recvAnysource(std::vector<at::
 }
 
 c10::intrusive_ptr<c10d::Work> recording_backend::barrier(const c10d::BarrierOptions& opts) {
-  recorder_->record(collective_kind::barrier, nullptr);
+  recorder_->record(collective_kind::barrier, nullptr, std::uint64_t{0});
   return inner_->barrier(opts);
 }
 
 void recording_backend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
-  recorder_->record(collective_kind::barrier, nullptr);
+  recorder_->record(collective_kind::barrier, nullptr, std::uint64_t{0});
   inner_->monitoredBarrier(opts, wait_all_ranks);
 }
 

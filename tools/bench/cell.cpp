@@ -57,6 +57,7 @@ cell parse_cell(std::string_view text) {
                                       "' is not KEY=VALUE (a cell is NAME or NAME+KEY=VALUE+..., the keys of "
                                       "docs/configuration.md)");
     }
+    parsed.options.emplace_back(option.substr(0, equals), option.substr(equals + 1));
     if (json.size() > 1) json += ", ";
     json += "\"" + std::string(option.substr(0, equals)) + "\": " + json_value(option.substr(equals + 1));
     if (next == std::string_view::npos) break;
@@ -64,6 +65,59 @@ cell parse_cell(std::string_view text) {
   }
   parsed.options_json = json + "}";
   return parsed;
+}
+
+std::string cell::option(std::string_view key, std::string_view otherwise) const {
+  for (const auto& [name, value] : options) {
+    if (name == key) return value;
+  }
+  return std::string(otherwise);
+}
+
+std::optional<double> payload_formula(const cell& spec, const std::vector<std::int64_t>& widths, int world_size,
+                                      std::int64_t batch, std::string_view precision) {
+  const std::string& name = spec.strategy;
+  if (spec.is_raw() || name == "single_device" || name == "parallel" || world_size == 1) return 0.0;
+  if (precision != "32-true") return std::nullopt;
+  const std::size_t layers = widths.size() - 1;
+  double parameters = 0;  // Ψ
+  double padded = 0;      // the units' parameters, each padded to a multiple of N
+  for (std::size_t i = 0; i < layers; ++i) {
+    const std::int64_t numel = widths[i] * widths[i + 1] + widths[i + 1];
+    parameters += static_cast<double>(numel);
+    padded += static_cast<double>((numel + world_size - 1) / world_size * world_size);
+  }
+  const double psi_bytes = 4 * parameters;
+  const double p_bytes = 4 * padded;
+  if (name.rfind("ddp", 0) == 0) {
+    const bool find_unused = spec.option("find_unused_parameters", name == "ddp_find_unused_parameters_true"
+                                                                       ? "true" : "false") == "true";
+    return psi_bytes + (find_unused ? 4.0 * static_cast<double>(2 * layers) : 0.0);
+  }
+  if (name == "fsdp" || name == "fsdp_cpu_offload") {
+    const std::string sharding = spec.option("sharding_strategy", "FULL_SHARD");
+    if (sharding == "NO_SHARD") return psi_bytes;
+    if (sharding == "SHARD_GRAD_OP") return 2 * p_bytes;
+    if (sharding == "HYBRID_SHARD" && spec.option("device_mesh_replicate", "1") != "1") return std::nullopt;
+    return 3 * p_bytes;
+  }
+  if (name.rfind("deepspeed", 0) == 0) {
+    if (name.find("nvme") != std::string::npos) return std::nullopt;
+    const char named = name == "deepspeed" ? '2' : name[std::string_view("deepspeed_stage_").size()];
+    const std::string stage = spec.option("stage", std::string(1, named));
+    return stage == "3" ? 3 * p_bytes : 2 * p_bytes;
+  }
+  if (name == "model_parallel" && spec.option("data_parallel_size", "1") == "1") {
+    double activations = 0;
+    for (std::size_t i = 0; i < layers; ++i) {
+      if (i % 2 == 1) activations += static_cast<double>(widths[i + 1]);  // row-wise output, forward
+      else if (i > 0) activations += static_cast<double>(widths[i]);      // column-wise input gradient, backward
+    }
+    // An odd last layer is column-wise with its output all-gathered (forward).
+    if (layers % 2 == 1) activations += static_cast<double>(widths.back());
+    return 4.0 * static_cast<double>(batch) * activations;
+  }
+  return std::nullopt;
 }
 
 std::vector<std::string> default_cells() {

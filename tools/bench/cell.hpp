@@ -7,8 +7,11 @@
 //   raw                                   no Fabric: the raw LibTorch loop
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace loom_bench {
@@ -21,7 +24,10 @@ struct cell {
   std::string label;         // as written: "fsdp+sharding_strategy=SHARD_GRAD_OP"
   std::string strategy;      // "fsdp"
   std::string options_json;  // {"sharding_strategy": "SHARD_GRAD_OP"}; empty: none
+  std::vector<std::pair<std::string, std::string>> options;  // as written: {"sharding_strategy", "SHARD_GRAD_OP"}
   bool is_raw() const { return label == raw_loop; }
+  // The value written for key, or `otherwise`.
+  std::string option(std::string_view key, std::string_view otherwise) const;
 };
 
 // One item of --strategies. Throws loom::configuration_error on an option
@@ -36,5 +42,25 @@ std::vector<std::string> split_list(std::string_view text);
 std::vector<std::string> default_cells();
 // What --one-rank-overhead runs: every strategy against single_device.
 std::vector<std::string> one_rank_cells();
+
+// The payload bytes per step a cell's collectives must carry (the
+// recording process group's count, loom/comm/traffic.hpp) on an MLP of
+// these widths, at 32-true, with N ranks and `batch` samples per rank. Ψ is
+// the parameter count, P = 4 bytes x the sum over units (each Linear) of its
+// parameters padded to a multiple of N (a unit's flat shard):
+//   raw, single_device, parallel, any cell at N = 1: 0
+//   ddp: 4Ψ (gradient buckets all-reduced); find_unused_parameters=true:
+//     + 4 bytes per parameter tensor (the Reducer's used-parameter map)
+//   fsdp NO_SHARD: 4Ψ
+//   fsdp FULL_SHARD (and HYBRID_SHARD on one replica), ZeRO-3: 3P
+//     (all-gather in forward and again in backward, reduce-scatter)
+//   fsdp SHARD_GRAD_OP, ZeRO-1 and -2: 2P (all-gather once, reduce-scatter)
+//   model_parallel, tensor parallel N on one data-parallel rank: 4 x batch
+//     x (the row-wise layers' outputs, all-reduced in forward, + the
+//     column-wise layers' inputs but the first's, all-reduced in backward,
+//     + an odd last layer's output, all-gathered in forward)
+// No value where no formula is written yet (other precisions, 2-D meshes).
+std::optional<double> payload_formula(const cell& spec, const std::vector<std::int64_t>& widths, int world_size,
+                                      std::int64_t batch, std::string_view precision);
 
 }  // namespace loom_bench

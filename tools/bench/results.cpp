@@ -36,6 +36,22 @@ nlohmann::json optional_json(const std::optional<double>& value) {
   return value ? nlohmann::json(*value) : nlohmann::json(nullptr);
 }
 
+// The measured payload over the formula's ("=" where both are 0; "-": no formula).
+std::string payload_check(const cell_result& r) {
+  if (!r.payload_formula_bytes) return "-";
+  if (*r.payload_formula_bytes == 0) return r.payload_bytes_per_step == 0 ? "= 0" : "not 0";
+  return fixed(r.payload_bytes_per_step / *r.payload_formula_bytes, 4);
+}
+
+// {"all_gather": {"collectives": 8, "payload_bytes": 1.2e7}, ...} per step.
+nlohmann::json by_kind_json(const cell_result& r) {
+  nlohmann::json kinds = nlohmann::json::object();
+  for (const auto& [kind, count] : r.collectives_by_kind) {
+    kinds[kind] = {{"collectives", count.first}, {"payload_bytes", count.second}};
+  }
+  return kinds;
+}
+
 }  // namespace
 
 spread spread_of(std::vector<double> values) {
@@ -64,25 +80,29 @@ void compare(std::vector<cell_result>& results) {
 
 void write_markdown(std::ostream& out, const std::vector<cell_result>& results) {
   out << "| cell | precision | ranks | step ms (p10-p90) | forward | backward | optimizer | beyond raw loop ms "
-         "| samples/s | GFLOP/s | x single_device (1 rank) | RSS peak MiB |\n"
-      << "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+         "| samples/s | GFLOP/s | x single_device (1 rank) | collectives/step | payload MiB/step | payload / formula "
+         "| RSS peak MiB |\n"
+      << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& r : results) {
     out << "| " << r.label << " | " << r.precision << " | " << r.world_size << " | ";
     if (!r.refused.empty()) {
-      out << "refused: " << r.refused << " | | | | | | | | |\n";
+      out << "refused: " << r.refused << " | | | | | | | | | | | |\n";
       continue;
     }
     out << fixed(r.step_ms.median, 2) << " (" << fixed(r.step_ms.p10, 2) << "-" << fixed(r.step_ms.p90, 2) << ") | "
         << fixed(r.forward_ms, 2) << " | " << fixed(r.backward_ms, 2) << " | " << fixed(r.optimizer_ms, 2) << " | "
         << optional_text(r.beyond_raw_ms, 2) << " | " << fixed(r.samples_per_second, 0) << " | "
         << fixed(r.flop_per_second / 1e9, 2) << " | " << optional_text(r.vs_single_device, 3) << " | "
+        << fixed(r.collectives_per_step, 1) << " | " << fixed(r.payload_bytes_per_step / (1 << 20), 3) << " | "
+        << payload_check(r) << " | "
         << fixed(r.rss_peak_mib, 0) << " |\n";
   }
 }
 
 void write_csv(std::ostream& out, const std::vector<cell_result>& results) {
   out << "cell,precision,world_size,refused,steps,step_ms_median,step_ms_p10,step_ms_p90,forward_ms,backward_ms,"
-         "optimizer_ms,beyond_raw_ms,samples_per_second,flop_per_second,vs_single_device,rss_peak_mib\n";
+         "optimizer_ms,beyond_raw_ms,samples_per_second,flop_per_second,vs_single_device,collectives_per_step,"
+         "payload_bytes_per_step,payload_formula_bytes,rss_peak_mib\n";
   for (const auto& r : results) {
     std::string refused = r.refused;
     std::replace(refused.begin(), refused.end(), '"', '\'');
@@ -91,7 +111,9 @@ void write_csv(std::ostream& out, const std::vector<cell_result>& results) {
         << fixed(r.forward_ms, 4) << ',' << fixed(r.backward_ms, 4) << ',' << fixed(r.optimizer_ms, 4) << ','
         << (r.beyond_raw_ms ? fixed(*r.beyond_raw_ms, 4) : "") << ',' << fixed(r.samples_per_second, 1) << ','
         << fixed(r.flop_per_second, 0) << ',' << (r.vs_single_device ? fixed(*r.vs_single_device, 4) : "") << ','
-        << fixed(r.rss_peak_mib, 1) << '\n';
+        << fixed(r.collectives_per_step, 2) << ',' << fixed(r.payload_bytes_per_step, 0) << ','
+        << (r.payload_formula_bytes ? fixed(*r.payload_formula_bytes, 0) : "") << ',' << fixed(r.rss_peak_mib, 1)
+        << '\n';
   }
 }
 
@@ -111,6 +133,10 @@ void write_json(std::ostream& out, const std::vector<cell_result>& results, cons
                      {"samples_per_second", r.samples_per_second},
                      {"flop_per_second", r.flop_per_second},
                      {"vs_single_device", optional_json(r.vs_single_device)},
+                     {"collectives_per_step", r.collectives_per_step},
+                     {"payload_bytes_per_step", r.payload_bytes_per_step},
+                     {"payload_formula_bytes", optional_json(r.payload_formula_bytes)},
+                     {"collectives_by_kind", by_kind_json(r)},
                      {"rss_peak_mib", r.rss_peak_mib}});
   }
   out << nlohmann::json{{"machine", machine}, {"cells", cells}}.dump(1) << '\n';
@@ -135,6 +161,14 @@ std::vector<cell_result> read_json(std::istream& in) {
       r.samples_per_second = c.at("samples_per_second").get<double>();
       r.flop_per_second = c.at("flop_per_second").get<double>();
       r.rss_peak_mib = c.at("rss_peak_mib").get<double>();
+      r.collectives_per_step = c.at("collectives_per_step").get<double>();
+      r.payload_bytes_per_step = c.at("payload_bytes_per_step").get<double>();
+      if (!c.at("payload_formula_bytes").is_null()) {
+        r.payload_formula_bytes = c.at("payload_formula_bytes").get<double>();
+      }
+      for (const auto& [kind, count] : c.at("collectives_by_kind").items()) {
+        r.collectives_by_kind[kind] = {count.at("collectives").get<double>(), count.at("payload_bytes").get<double>()};
+      }
       results.push_back(std::move(r));
     }
   } catch (const nlohmann::json::exception& error) {

@@ -4,8 +4,10 @@
 #pragma once
 
 #include <iosfwd>
+#include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace loom_bench {
@@ -32,6 +34,12 @@ struct cell_result {
   double samples_per_second = 0;  // all ranks
   double flop_per_second = 0;     // model FLOP (matrix products, forward and backward), all ranks
   double rss_peak_mib = 0;        // rank 0's process, all its cells (VmHWM)
+  // Rank 0's collectives per step, every group together (loom/comm/traffic.hpp):
+  // by kind ("all_gather" -> {collectives, payload bytes}), and the totals.
+  std::map<std::string, std::pair<double, double>> collectives_by_kind;
+  double collectives_per_step = 0;
+  double payload_bytes_per_step = 0;
+  std::optional<double> payload_formula_bytes;  // what the strategy's formula says (cell.hpp)
   // Filled in by the driver: against the raw loop and single_device at the same
   // precision and world size 1 (no value: not measured in this run).
   std::optional<double> beyond_raw_ms;

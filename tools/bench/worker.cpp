@@ -4,6 +4,7 @@
 
 #include <loom/any_fabric.hpp>
 #include <loom/cluster/environment.hpp>
+#include <loom/comm/traffic.hpp>
 #include <loom/runtime/make_fabric_with_strategy.hpp>
 #include <loom/runtime/strategy_options.hpp>
 #include <loom/strategy/model_parallel.hpp>
@@ -82,6 +83,7 @@ struct runner {
   int global_rank = -1;        // as the cell's fabric says (-1: no fabric)
   std::function<void(step_times*)> step;
   step_times times;
+  loom::comm::traffic traffic;  // over the measured steps
 };
 
 struct batch {
@@ -279,7 +281,9 @@ std::vector<cell_result> run_cells(const worker_options& options) {
   for (int done = 0; done < options.steps; done += options.block) {
     for (auto& r : runners) {
       if (!r.step) continue;
+      const auto before = loom::comm::traffic_so_far();
       for (int s = 0; s < options.block && done + s < options.steps; ++s) r.step(&r.times);
+      r.traffic += loom::comm::traffic_so_far() - before;
     }
   }
   std::vector<cell_result> results;
@@ -296,6 +300,17 @@ std::vector<cell_result> run_cells(const worker_options& options) {
       const double seconds = result.step_ms.median / 1e3;
       result.samples_per_second = static_cast<double>(options.batch_per_rank * r.data_parallel_size) / seconds;
       result.flop_per_second = flop * r.data_parallel_size / seconds;
+      const double steps = result.steps;
+      for (std::size_t k = 0; k < loom::comm::collective_kinds; ++k) {
+        const auto& count = r.traffic.by_kind[k];
+        if (count.collectives == 0) continue;
+        result.collectives_by_kind[loom::comm::name_of(static_cast<loom::comm::collective_kind>(k))] = {
+            count.collectives / steps, count.payload_bytes / steps};
+      }
+      result.collectives_per_step = r.traffic.total().collectives / steps;
+      result.payload_bytes_per_step = r.traffic.total().payload_bytes / steps;
+      result.payload_formula_bytes = payload_formula(parse_cell(result.label), options.widths, world_size,
+                                                     options.batch_per_rank, result.precision);
     }
     result.rss_peak_mib = rss;
     results.push_back(std::move(result));
