@@ -8,7 +8,9 @@
 #   the ratio to single_device is 1 for single_device itself; every cell's
 #   collective payload per step equals its strategy's formula, byte for byte
 #   (tools/bench/cell.hpp: 0 at one rank), and at 3 ranks, where units are
-#   padded to a multiple of 3, for FSDP and ZeRO too.
+#   padded to a multiple of 3, for FSDP and ZeRO too; so does every cell's
+#   model state per rank (a counting allocator), but ddp's, which has no
+#   formula yet (its Reducer's buckets).
 # - `loom-run --devices 2 bench` runs one world size the way loom-run starts
 #   any program, and rank 0 alone prints the table.
 # - --one-rank-overhead ends with worst_one_rank_ratio=R strategy=NAME.
@@ -19,7 +21,7 @@ loom_run=$(realpath "$2")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
-small="--widths 16,32,32,4 --batch 8 --steps 10 --warmup 2 --block 5"
+small="--widths 16,32,32,32,4 --batch 8 --steps 10 --warmup 2 --block 5"
 
 timeout 100 "$bench" $small --world-sizes 1,2 --out matrix > matrix.txt 2> matrix.err ||
   { cat matrix.txt matrix.err; echo "FAIL: loom-bench (default matrix) failed"; exit 1; }
@@ -55,6 +57,10 @@ for c in cells:
     if c["payload_formula_bytes"] is None or c["payload_bytes_per_step"] != c["payload_formula_bytes"]:
         problems.append(f"{where}: payload {c['payload_bytes_per_step']} bytes per step, formula "
                         f"{c['payload_formula_bytes']} ({c['collectives_by_kind']})")
+    no_formula = c["cell"].startswith("ddp")
+    if (c["state_formula_bytes"] is None) != no_formula or \
+            (not no_formula and c["state_bytes"] != c["state_formula_bytes"]):
+        problems.append(f"{where}: model state {c['state_bytes']} bytes, formula {c['state_formula_bytes']}")
     if c["world_size"] == 2 and c["cell"] not in ("raw", "parallel") and c["collectives_per_step"] < 1:
         problems.append(f"{where}: no collective recorded")
 for c in cells:
@@ -82,16 +88,20 @@ echo "loom-run bench: one table, 3 cells at 2 ranks"
 
 # Units of 561, 1088 and 165 parameters: padded to 561, 1089 and 165 at 3 ranks.
 timeout 60 "$bench" --widths 16,33,32,5 --batch 8 --steps 4 --warmup 1 --world-sizes 3 --out padded \
-  --strategies fsdp,fsdp+sharding_strategy=SHARD_GRAD_OP,deepspeed_stage_1,deepspeed_stage_3 > padded.txt 2>&1 ||
+  --strategies fsdp,fsdp+sharding_strategy=SHARD_GRAD_OP,deepspeed_stage_1,deepspeed_stage_2,deepspeed_stage_3 \
+  > padded.txt 2>&1 ||
   { cat padded.txt; echo "FAIL: loom-bench at 3 ranks failed"; exit 1; }
 /usr/bin/python3 - padded/loom-bench.json <<'EOF'
 import json, sys
 cells = json.load(open(sys.argv[1]))["cells"]
-wrong = [c for c in cells if c["refused"] or c["payload_bytes_per_step"] != c["payload_formula_bytes"]]
+wrong = [c for c in cells if c["refused"] or c["payload_bytes_per_step"] != c["payload_formula_bytes"]
+         or c["state_bytes"] != c["state_formula_bytes"]]
 for c in wrong:
-    print(f"{c['cell']} at 3 ranks: {c['refused'] or ''} payload {c['payload_bytes_per_step']}, formula {c['payload_formula_bytes']}")
-print(f"padded units at 3 ranks: {len(cells) - len(wrong)} of {len(cells)} cells carry the formula's payload")
-sys.exit(1 if wrong or len(cells) != 4 else 0)
+    print(f"{c['cell']} at 3 ranks: {c['refused'] or ''} payload {c['payload_bytes_per_step']}, formula "
+          f"{c['payload_formula_bytes']}; state {c['state_bytes']}, formula {c['state_formula_bytes']}")
+print(f"padded units at 3 ranks: {len(cells) - len(wrong)} of {len(cells)} cells carry the formula's payload and "
+      "hold the formula's state")
+sys.exit(1 if wrong or len(cells) != 5 else 0)
 EOF
 
 timeout 60 "$bench" --one-rank-overhead --steps 10 --warmup 2 --out '' > one.txt 2>&1 ||

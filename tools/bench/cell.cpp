@@ -74,19 +74,73 @@ std::string cell::option(std::string_view key, std::string_view otherwise) const
   return std::string(otherwise);
 }
 
+namespace {
+
+// Ψ and P of the MLP at N ranks (elements).
+struct parameter_counts {
+  double psi = 0;
+  double padded = 0;
+};
+parameter_counts counts_of(const std::vector<std::int64_t>& widths, int world_size) {
+  parameter_counts counts;
+  for (std::size_t i = 0; i + 1 < widths.size(); ++i) {
+    const std::int64_t numel = widths[i] * widths[i + 1] + widths[i + 1];
+    counts.psi += static_cast<double>(numel);
+    counts.padded += static_cast<double>((numel + world_size - 1) / world_size * world_size);
+  }
+  return counts;
+}
+
+// The ZeRO stage a deepspeed cell runs (its name's, or its +stage= option).
+char zero_stage(const cell& spec) {
+  const std::string& name = spec.strategy;
+  const char named = name == "deepspeed" ? '2' : name[std::string_view("deepspeed_stage_").size()];
+  return spec.option("stage", std::string(1, named)).front();
+}
+
+}  // namespace
+
+std::optional<double> state_formula(const cell& spec, const std::vector<std::int64_t>& widths, int world_size,
+                                    std::string_view precision) {
+  const std::string& name = spec.strategy;
+  if (precision != "32-true") return std::nullopt;
+  const auto [psi, padded] = counts_of(widths, world_size);
+  const double n = world_size;
+  if (name.rfind("ddp", 0) == 0) return std::nullopt;
+  if (spec.is_raw() || name == "single_device" || name == "parallel" || world_size == 1) return 16 * psi;
+  if (name == "fsdp" || name == "fsdp_cpu_offload") {
+    const std::string sharding = spec.option("sharding_strategy", "FULL_SHARD");
+    if (sharding == "NO_SHARD") return 16 * psi;
+    if (sharding == "SHARD_GRAD_OP") return 4 * (padded + 3 * padded / n);
+    if (sharding == "HYBRID_SHARD" && spec.option("device_mesh_replicate", "1") != "1") return std::nullopt;
+    return 16 * padded / n;
+  }
+  if (name.rfind("deepspeed", 0) == 0 && name.find("nvme") == std::string::npos) {
+    switch (zero_stage(spec)) {
+      case '1': return 4 * (2 * padded + 2 * padded / n);
+      case '2': return 4 * (padded + 3 * padded / n);
+      default: return 16 * padded / n;
+    }
+  }
+  if (name == "model_parallel" && spec.option("data_parallel_size", "1") == "1" && widths.size() % 2 == 1) {
+    double local = 0;
+    for (std::size_t i = 0; i + 1 < widths.size(); ++i) {
+      const double weight = static_cast<double>(widths[i] * widths[i + 1]) / n;
+      const double bias = static_cast<double>(widths[i + 1]);
+      local += weight + (i % 2 == 1 ? bias : bias / n);
+    }
+    return 16 * local;
+  }
+  return std::nullopt;
+}
+
 std::optional<double> payload_formula(const cell& spec, const std::vector<std::int64_t>& widths, int world_size,
                                       std::int64_t batch, std::string_view precision) {
   const std::string& name = spec.strategy;
   if (spec.is_raw() || name == "single_device" || name == "parallel" || world_size == 1) return 0.0;
   if (precision != "32-true") return std::nullopt;
   const std::size_t layers = widths.size() - 1;
-  double parameters = 0;  // Ψ
-  double padded = 0;      // the units' parameters, each padded to a multiple of N
-  for (std::size_t i = 0; i < layers; ++i) {
-    const std::int64_t numel = widths[i] * widths[i + 1] + widths[i + 1];
-    parameters += static_cast<double>(numel);
-    padded += static_cast<double>((numel + world_size - 1) / world_size * world_size);
-  }
+  const auto [parameters, padded] = counts_of(widths, world_size);
   const double psi_bytes = 4 * parameters;
   const double p_bytes = 4 * padded;
   if (name.rfind("ddp", 0) == 0) {
@@ -103,9 +157,7 @@ std::optional<double> payload_formula(const cell& spec, const std::vector<std::i
   }
   if (name.rfind("deepspeed", 0) == 0) {
     if (name.find("nvme") != std::string::npos) return std::nullopt;
-    const char named = name == "deepspeed" ? '2' : name[std::string_view("deepspeed_stage_").size()];
-    const std::string stage = spec.option("stage", std::string(1, named));
-    return stage == "3" ? 3 * p_bytes : 2 * p_bytes;
+    return zero_stage(spec) == '3' ? 3 * p_bytes : 2 * p_bytes;
   }
   if (name == "model_parallel" && spec.option("data_parallel_size", "1") == "1") {
     double activations = 0;

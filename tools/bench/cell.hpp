@@ -60,6 +60,25 @@ std::vector<std::string> one_rank_cells();
 //     column-wise layers' inputs but the first's, all-reduced in backward,
 //     + an odd last layer's output, all-gathered in forward)
 // No value where no formula is written yet (other precisions, 2-D meshes).
+//
+// state_formula: the bytes of model state a rank holds between steps
+// (parameters, gradients, Adam's two moments, the engine's flat buffers),
+// at 32-true, with Ψ and P (in elements here) as above:
+//   raw, single_device, parallel, fsdp NO_SHARD, any cell at N = 1: 16Ψ
+//   fsdp FULL_SHARD (HYBRID_SHARD on one replica), ZeRO-3: 16P/N
+//   fsdp SHARD_GRAD_OP, ZeRO-2: 4P + 12P/N (full parameters kept, in the
+//     units' padded flat buffers)
+//   ZeRO-1: 8P + 8P/N (full parameters and gradients kept, padded)
+//   model_parallel, tensor parallel N on one data-parallel rank, an even
+//     number of layers: 16 x this rank's parameters (column-wise layers:
+//     weight and bias / N; row-wise: weight / N, the bias whole); an odd
+//     last layer's gathered output also leaves a buffer in the group's pool
+//     (measured: 1 KiB at batch 8, width 32), not written as a formula yet
+// ddp has none yet: its Reducer's bucket copies of the gradients (4Ψ), the
+// two-rank exchange's receive buffer (the bucket layout's) and, with
+// find_unused_parameters, its used-parameter maps (even at one rank).
+std::optional<double> state_formula(const cell& spec, const std::vector<std::int64_t>& widths, int world_size,
+                                    std::string_view precision);
 std::optional<double> payload_formula(const cell& spec, const std::vector<std::int64_t>& widths, int world_size,
                                       std::int64_t batch, std::string_view precision);
 

@@ -36,11 +36,11 @@ nlohmann::json optional_json(const std::optional<double>& value) {
   return value ? nlohmann::json(*value) : nlohmann::json(nullptr);
 }
 
-// The measured payload over the formula's ("=" where both are 0; "-": no formula).
-std::string payload_check(const cell_result& r) {
-  if (!r.payload_formula_bytes) return "-";
-  if (*r.payload_formula_bytes == 0) return r.payload_bytes_per_step == 0 ? "= 0" : "not 0";
-  return fixed(r.payload_bytes_per_step / *r.payload_formula_bytes, 4);
+// A measured count over its formula's ("= 0" where both are 0; "-": no formula).
+std::string formula_check(double measured, const std::optional<double>& formula) {
+  if (!formula) return "-";
+  if (*formula == 0) return measured == 0 ? "= 0" : "not 0";
+  return fixed(measured / *formula, 4);
 }
 
 // {"all_gather": {"collectives": 8, "payload_bytes": 1.2e7}, ...} per step.
@@ -81,12 +81,12 @@ void compare(std::vector<cell_result>& results) {
 void write_markdown(std::ostream& out, const std::vector<cell_result>& results) {
   out << "| cell | precision | ranks | step ms (p10-p90) | forward | backward | optimizer | beyond raw loop ms "
          "| samples/s | GFLOP/s | x single_device (1 rank) | collectives/step | payload MiB/step | payload / formula "
-         "| RSS peak MiB |\n"
-      << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+         "| state MiB/rank | state / formula | RSS peak MiB |\n"
+      << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& r : results) {
     out << "| " << r.label << " | " << r.precision << " | " << r.world_size << " | ";
     if (!r.refused.empty()) {
-      out << "refused: " << r.refused << " | | | | | | | | | | | |\n";
+      out << "refused: " << r.refused << " | | | | | | | | | | | | | |\n";
       continue;
     }
     out << fixed(r.step_ms.median, 2) << " (" << fixed(r.step_ms.p10, 2) << "-" << fixed(r.step_ms.p90, 2) << ") | "
@@ -94,7 +94,8 @@ void write_markdown(std::ostream& out, const std::vector<cell_result>& results) 
         << optional_text(r.beyond_raw_ms, 2) << " | " << fixed(r.samples_per_second, 0) << " | "
         << fixed(r.flop_per_second / 1e9, 2) << " | " << optional_text(r.vs_single_device, 3) << " | "
         << fixed(r.collectives_per_step, 1) << " | " << fixed(r.payload_bytes_per_step / (1 << 20), 3) << " | "
-        << payload_check(r) << " | "
+        << formula_check(r.payload_bytes_per_step, r.payload_formula_bytes) << " | "
+        << fixed(r.state_bytes / (1 << 20), 3) << " | " << formula_check(r.state_bytes, r.state_formula_bytes) << " | "
         << fixed(r.rss_peak_mib, 0) << " |\n";
   }
 }
@@ -102,7 +103,7 @@ void write_markdown(std::ostream& out, const std::vector<cell_result>& results) 
 void write_csv(std::ostream& out, const std::vector<cell_result>& results) {
   out << "cell,precision,world_size,refused,steps,step_ms_median,step_ms_p10,step_ms_p90,forward_ms,backward_ms,"
          "optimizer_ms,beyond_raw_ms,samples_per_second,flop_per_second,vs_single_device,collectives_per_step,"
-         "payload_bytes_per_step,payload_formula_bytes,rss_peak_mib\n";
+         "payload_bytes_per_step,payload_formula_bytes,state_bytes,state_formula_bytes,rss_peak_mib\n";
   for (const auto& r : results) {
     std::string refused = r.refused;
     std::replace(refused.begin(), refused.end(), '"', '\'');
@@ -112,8 +113,8 @@ void write_csv(std::ostream& out, const std::vector<cell_result>& results) {
         << (r.beyond_raw_ms ? fixed(*r.beyond_raw_ms, 4) : "") << ',' << fixed(r.samples_per_second, 1) << ','
         << fixed(r.flop_per_second, 0) << ',' << (r.vs_single_device ? fixed(*r.vs_single_device, 4) : "") << ','
         << fixed(r.collectives_per_step, 2) << ',' << fixed(r.payload_bytes_per_step, 0) << ','
-        << (r.payload_formula_bytes ? fixed(*r.payload_formula_bytes, 0) : "") << ',' << fixed(r.rss_peak_mib, 1)
-        << '\n';
+        << (r.payload_formula_bytes ? fixed(*r.payload_formula_bytes, 0) : "") << ',' << fixed(r.state_bytes, 0) << ','
+        << (r.state_formula_bytes ? fixed(*r.state_formula_bytes, 0) : "") << ',' << fixed(r.rss_peak_mib, 1) << '\n';
   }
 }
 
@@ -136,6 +137,8 @@ void write_json(std::ostream& out, const std::vector<cell_result>& results, cons
                      {"collectives_per_step", r.collectives_per_step},
                      {"payload_bytes_per_step", r.payload_bytes_per_step},
                      {"payload_formula_bytes", optional_json(r.payload_formula_bytes)},
+                     {"state_bytes", r.state_bytes},
+                     {"state_formula_bytes", optional_json(r.state_formula_bytes)},
                      {"collectives_by_kind", by_kind_json(r)},
                      {"rss_peak_mib", r.rss_peak_mib}});
   }
@@ -166,6 +169,8 @@ std::vector<cell_result> read_json(std::istream& in) {
       if (!c.at("payload_formula_bytes").is_null()) {
         r.payload_formula_bytes = c.at("payload_formula_bytes").get<double>();
       }
+      r.state_bytes = c.at("state_bytes").get<double>();
+      if (!c.at("state_formula_bytes").is_null()) r.state_formula_bytes = c.at("state_formula_bytes").get<double>();
       for (const auto& [kind, count] : c.at("collectives_by_kind").items()) {
         r.collectives_by_kind[kind] = {count.at("collectives").get<double>(), count.at("payload_bytes").get<double>()};
       }

@@ -40,6 +40,11 @@ struct cell_result {
   double collectives_per_step = 0;
   double payload_bytes_per_step = 0;
   std::optional<double> payload_formula_bytes;  // what the strategy's formula says (cell.hpp)
+  // Rank 0's model state (parameters, gradients, optimizer state, the
+  // engine's buffers): CPU tensor bytes held between steps (a counting
+  // allocator), and what the strategy's formula says.
+  double state_bytes = 0;
+  std::optional<double> state_formula_bytes;
   // Filled in by the driver: against the raw loop and single_device at the same
   // precision and world size 1 (no value: not measured in this run).
   std::optional<double> beyond_raw_ms;

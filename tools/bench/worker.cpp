@@ -11,6 +11,7 @@
 #include <loom/strategy/unit.hpp>
 #include <loom/tp/layers.hpp>
 #include <loom/tp/parallelize.hpp>
+#include <loom/util/counting_allocator.hpp>
 #include <loom/util/flop_counter.hpp>
 
 #include <ATen/Context.h>
@@ -248,9 +249,15 @@ std::vector<cell_result> run_cells(const worker_options& options) {
   // bench/zero_vs_torch.sh does on both sides (the report says so).
   at::globalContext().setFlushDenormal(true);
 
+  // Every CPU tensor from here on is counted: a cell's model state is what
+  // stays allocated after its setup and two steps (Adam's state exists
+  // from the first), less its batch.
+  loom::counting_allocator& counter = loom::install_counting_allocator();
+  const std::int64_t batch_bytes = options.batch_per_rank * (options.widths.front() * 4 + 8);
   std::vector<runner> runners;
   for (const auto& precision : options.precisions) {
     for (const auto& text : options.cells) {
+      const std::int64_t before = counter.live();
       runner r;
       r.result.label = text;
       r.result.precision = precision;
@@ -261,6 +268,10 @@ std::vector<cell_result> run_cells(const worker_options& options) {
         else if (spec.strategy == "single_device" && world_size > 1) {
           r.result.refused = "single_device runs one process (it is the 1-rank reference)";
         } else make_fabric_cell(r, spec, options, rank, job.local_world_size.value_or(world_size));
+        if (r.step) {
+          for (int s = 0; s < 2; ++s) r.step(nullptr);
+          r.result.state_bytes = static_cast<double>(counter.live() - before - batch_bytes);
+        }
       } catch (const std::exception& error) {
         r.result.refused = error.what();
       }
@@ -309,8 +320,10 @@ std::vector<cell_result> run_cells(const worker_options& options) {
       }
       result.collectives_per_step = r.traffic.total().collectives / steps;
       result.payload_bytes_per_step = r.traffic.total().payload_bytes / steps;
-      result.payload_formula_bytes = payload_formula(parse_cell(result.label), options.widths, world_size,
-                                                     options.batch_per_rank, result.precision);
+      const cell spec = parse_cell(result.label);
+      result.payload_formula_bytes =
+          payload_formula(spec, options.widths, world_size, options.batch_per_rank, result.precision);
+      result.state_formula_bytes = state_formula(spec, options.widths, world_size, result.precision);
     }
     result.rss_peak_mib = rss;
     results.push_back(std::move(result));
