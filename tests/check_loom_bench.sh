@@ -5,7 +5,9 @@
 #   the table, the CSV and the JSON; every cell is measured (steps, a step
 #   time with p10 <= median <= p90, parts that add up to it, samples/s,
 #   FLOP/s and RSS), but single_device at 2 ranks, refused with its reason;
-#   the ratio to single_device is 1 for single_device itself; every cell's
+#   the ratio to single_device is 1 for single_device itself; the PyTorch
+#   peers (torch_ddp, torch_zero1) are measured and ddp and ZeRO-1 have a
+#   ratio to them; every loom cell's
 #   collective payload per step equals its strategy's formula, byte for byte
 #   (tools/bench/cell.hpp: 0 at one rank), and at 3 ranks, where units are
 #   padded to a multiple of 3, for FSDP and ZeRO too; so does every cell's
@@ -47,6 +49,12 @@ for c in cells:
         problems.append(f"{where} was refused: {c['refused']}")
         continue
     step = c["step_ms"]
+    if c["peer"]:  # PyTorch's own: timings only
+        if c["steps"] != 10 or not 0 < step["p10"] <= step["median"] <= step["p90"]:
+            problems.append(f"{where}: steps {c['steps']}, step_ms {step}")
+        continue
+    if c["cell"] in ("ddp", "deepspeed_stage_1") and not c["vs_peer"]:
+        problems.append(f"{where}: no ratio to its PyTorch peer")
     parts = c["forward_ms"] + c["backward_ms"] + c["optimizer_ms"]
     # Medians of parts need not add up to the median of sums: within the spread.
     if c["steps"] != 10 or not 0 < step["p10"] <= step["median"] <= step["p90"] or \
@@ -67,7 +75,8 @@ for c in cells:
     if c["cell"] == "single_device" and c["world_size"] == 1 and c["vs_single_device"] != 1.0:
         problems.append(f"single_device against itself: {c['vs_single_device']}")
 for required in ("raw", "single_device", "ddp", "fsdp", "fsdp+sharding_strategy=SHARD_GRAD_OP",
-                 "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3", "model_parallel"):
+                 "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_3", "model_parallel",
+                 "torch_ddp", "torch_zero1"):
     for n in (1, 2):
         if required not in names[n]:
             problems.append(f"no cell {required} at {n} rank(s)")

@@ -5,7 +5,7 @@
 // ratios to the raw LibTorch loop and to single_device. A Markdown table on
 // stdout, CSV and JSON files (docs/benchmarks.md).
 //
-//   loom-bench                                   every strategy, 1 and 2 ranks
+//   loom-bench                                   every strategy and the PyTorch peers, 1 and 2 ranks
 //   loom-bench --strategies ddp,fsdp --world-sizes 2,4 --precisions 32-true,bf16-mixed
 //   loom-bench --one-rank-overhead               every strategy at one rank against single_device
 //   loom-run --devices 2 bench [OPTIONS]         one world size, started by loom-run (or mpirun, torchrun)
@@ -25,12 +25,18 @@
 
 #include <CLI/CLI.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -130,35 +136,137 @@ int run_worker(const arguments& args) {
   return 0;
 }
 
-// One worker set per world size, through loom-run beside this program.
+// Runs a job and reads the results file it writes; false (and a line on
+// stderr) when it fails.
+bool run_job(loom::launch::supervisor& job, const std::string& file, const std::string& what,
+             std::vector<loom_bench::cell_result>& results) {
+  const auto outcome = job.wait_all();
+  std::ifstream in(file);
+  if (outcome.exit_code != 0 || !in) {
+    std::fprintf(stderr, "loom-bench: %s failed (%s)\n", what.c_str(),
+                 outcome.description.empty() ? "no results" : outcome.description.c_str());
+    return false;
+  }
+  for (auto& r : loom_bench::read_json(in)) results.push_back(std::move(r));
+  return true;
+}
+
+// A port nothing listens on now (the kernel's choice), for the peers' rendezvous.
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  int port = 0;
+  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+    port = ntohs(address.sin_port);
+  }
+  if (fd >= 0) ::close(fd);
+  if (port == 0) throw std::runtime_error("no free loopback port for the PyTorch peers' rendezvous");
+  return port;
+}
+
+// Why the PyTorch peers cannot run here (empty: they can): torch_peer.py
+// beside this program (build) or in share/loom (installed), and
+// /usr/bin/python3 able to import torch.
+std::string peers_unavailable(const std::filesystem::path& script) {
+  if (script.empty()) return "tools/bench/torch_peer.py is not beside loom-bench nor in share/loom";
+  loom::launch::supervisor probe;
+  probe.start(0, {"/usr/bin/python3", "-c", "import torch"}, {});
+  if (probe.wait_all().exit_code != 0) return "/usr/bin/python3 cannot import torch (Debian's python3-torch)";
+  return {};
+}
+
+std::filesystem::path peer_script(const std::filesystem::path& self) {
+  for (const auto& candidate : {self.parent_path() / "torch_peer.py",
+                                self.parent_path().parent_path() / "share" / "loom" / "torch_peer.py"}) {
+    if (std::filesystem::exists(candidate)) return candidate;
+  }
+  return {};
+}
+
+// The PyTorch peers at one world size: N processes of torch_peer.py.
+void run_peers(const arguments& args, const std::vector<std::string>& peers, std::int64_t world_size,
+               const std::string& scratch, const std::string& unavailable, const std::filesystem::path& script,
+               std::vector<loom_bench::cell_result>& results) {
+  auto refuse = [&](const std::string& why) {
+    for (const auto& precision : args.worker.precisions) {
+      for (const auto& peer : peers) {
+        loom_bench::cell_result r;
+        r.label = peer;
+        r.precision = precision;
+        r.world_size = static_cast<int>(world_size);
+        r.peer = true;
+        r.refused = why;
+        results.push_back(std::move(r));
+      }
+    }
+  };
+  if (!unavailable.empty()) return refuse(unavailable);
+  const std::string file = scratch + "/peers-" + std::to_string(world_size) + ".json";
+  const std::string port = std::to_string(free_port());
+  // The threads loom-run gives loom's ranks: the user's OMP_NUM_THREADS, or the cores shared out.
+  const unsigned cores = std::max(1U, std::thread::hardware_concurrency());
+  const std::string threads = loom::cluster::setting_text("OMP_NUM_THREADS")
+                                  .value_or(std::to_string(std::max<std::int64_t>(1, cores / world_size)));
+  loom::launch::supervisor job;
+  for (std::int64_t rank = 0; rank < world_size; ++rank) {
+    job.start(static_cast<int>(rank),
+              {"/usr/bin/python3", script.string(), "--widths", args.widths, "--batch",
+               std::to_string(args.worker.batch_per_rank), "--steps", std::to_string(args.worker.steps),
+               "--warmup", std::to_string(args.worker.warmup), "--block", std::to_string(args.worker.block),
+               "--cells", join(peers), "--results", file},
+              {{"RANK", std::to_string(rank)}, {"WORLD_SIZE", std::to_string(world_size)},
+               {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}, {"OMP_NUM_THREADS", threads}});
+  }
+  std::vector<loom_bench::cell_result> measured;
+  if (!run_job(job, file, "the PyTorch peers at " + std::to_string(world_size) + " rank(s)", measured)) {
+    return refuse("torch_peer.py failed (its output is above)");
+  }
+  // The peers run in 32-true; other precisions have none.
+  for (const auto& precision : args.worker.precisions) {
+    for (const auto& r : measured) {
+      loom_bench::cell_result copy = r;
+      copy.precision = precision;
+      if (precision != "32-true") copy = {.label = r.label, .precision = precision, .world_size = r.world_size,
+                                          .refused = "the PyTorch peers run in 32-true only"};
+      copy.peer = true;
+      results.push_back(std::move(copy));
+    }
+  }
+}
+
+// One worker set per world size, through loom-run beside this program, and
+// the PyTorch peers after it.
 int run_driver(const arguments& args) {
   const std::string self = loom::launch::own_executable();
   const std::string loom_run = (std::filesystem::path(self).parent_path() / "loom-run").string();
+  std::vector<std::string> cells;
+  std::vector<std::string> peers;
+  for (const auto& cell : args.worker.cells) (loom_bench::is_peer(cell) ? peers : cells).push_back(cell);
+  const std::filesystem::path script = peer_script(self);
+  const std::string unavailable = peers.empty() ? std::string() : peers_unavailable(script);
   const std::string scratch = loom::launch::make_private_directory("loom-bench-");
   std::vector<loom_bench::cell_result> results;
   int status = 0;
   for (const auto world_size : numbers(args.world_sizes, "--world-sizes")) {
-    const std::string file = scratch + "/results-" + std::to_string(world_size) + ".json";
-    const std::vector<std::string> command{
-        loom_run, "--accelerator", "cpu", "--devices", std::to_string(world_size), self,
-        "--strategies", join(args.worker.cells), "--precisions", join(args.worker.precisions),
-        "--widths", args.widths, "--batch", std::to_string(args.worker.batch_per_rank),
-        "--steps", std::to_string(args.worker.steps), "--warmup", std::to_string(args.worker.warmup),
-        "--block", std::to_string(args.worker.block), "--results", file};
-    std::fprintf(stderr, "loom-bench: %lld rank(s): %zu cell(s)\n", static_cast<long long>(world_size),
-                 args.worker.cells.size() * args.worker.precisions.size());
-    loom::launch::supervisor job;
-    job.start(0, command, {});
-    const auto outcome = job.wait_all();
-    std::ifstream in(file);
-    if (outcome.exit_code != 0 || !in) {
-      std::fprintf(stderr, "loom-bench: the worker set of %lld rank(s) failed (%s)\n",
-                   static_cast<long long>(world_size),
-                   outcome.description.empty() ? "no results" : outcome.description.c_str());
-      status = 1;
-      continue;
+    if (!cells.empty()) {
+      const std::string file = scratch + "/results-" + std::to_string(world_size) + ".json";
+      std::fprintf(stderr, "loom-bench: %lld rank(s): %zu cell(s)\n", static_cast<long long>(world_size),
+                   cells.size() * args.worker.precisions.size());
+      loom::launch::supervisor job;
+      job.start(0,
+                {loom_run, "--accelerator", "cpu", "--devices", std::to_string(world_size), self, "--strategies",
+                 join(cells), "--precisions", join(args.worker.precisions), "--widths", args.widths, "--batch",
+                 std::to_string(args.worker.batch_per_rank), "--steps", std::to_string(args.worker.steps),
+                 "--warmup", std::to_string(args.worker.warmup), "--block", std::to_string(args.worker.block),
+                 "--results", file},
+                {});
+      if (!run_job(job, file, "the worker set of " + std::to_string(world_size) + " rank(s)", results)) status = 1;
     }
-    for (auto& r : loom_bench::read_json(in)) results.push_back(std::move(r));
+    if (!peers.empty()) run_peers(args, peers, world_size, scratch, unavailable, script, results);
   }
   loom::launch::remove_directory(scratch);
   if (results.empty()) return 1;

@@ -172,6 +172,8 @@ std::optional<double> payload_formula(const cell& spec, const std::vector<std::i
   return std::nullopt;
 }
 
+bool is_peer(std::string_view label) { return label == "torch_ddp" || label == "torch_zero1"; }
+
 std::vector<std::string> default_cells() {
   std::vector<std::string> cells{std::string(raw_loop)};
   for (const auto& entry : loom::runtime::strategy_names()) {
@@ -189,6 +191,8 @@ std::vector<std::string> default_cells() {
     }
   }
   cells.emplace_back("model_parallel");
+  cells.emplace_back("torch_ddp");
+  cells.emplace_back("torch_zero1");
   return cells;
 }
 

@@ -5,6 +5,7 @@
 //   fsdp+sharding_strategy=SHARD_GRAD_OP  the name and its options (keys of
 //                                         docs/configuration.md), '+' apart
 //   raw                                   no Fabric: the raw LibTorch loop
+//   torch_ddp, torch_zero1                PyTorch itself (python3-torch)
 #pragma once
 
 #include <cstdint>
@@ -40,6 +41,12 @@ std::vector<std::string> split_list(std::string_view text);
 // optimizer through make_fabric, each sharding strategy of fsdp and every
 // ZeRO stage (the names a matrix runs when --strategies is not given).
 std::vector<std::string> default_cells();
+// The PyTorch peers (tools/bench/torch_peer.py, through /usr/bin/python3):
+// torch_ddp (DDP + Adam) and torch_zero1 (DDP + ZeroRedundancyOptimizer).
+// The driver runs them in their own processes after loom's cells of the
+// same world size, at 32-true.
+bool is_peer(std::string_view label);
+
 // What --one-rank-overhead runs: every strategy against single_device.
 std::vector<std::string> one_rank_cells();
 

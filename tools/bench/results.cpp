@@ -8,6 +8,7 @@
 #include <map>
 #include <ostream>
 #include <stdexcept>
+#include <tuple>
 #include <utility>
 
 namespace loom_bench {
@@ -69,8 +70,19 @@ void compare(std::vector<cell_result>& results) {
     if (r.label == "raw") raw[{r.precision, r.world_size}] = r.step_ms.median;
     if (r.label == "single_device" && r.world_size == 1) single[r.precision] = r.step_ms.median;
   }
+  // (peer, precision, world size) -> the PyTorch peer's median.
+  std::map<std::tuple<std::string, std::string, int>, double> peers;
+  for (const auto& r : results) {
+    if (r.peer && r.refused.empty() && r.steps > 0) peers[{r.label, r.precision, r.world_size}] = r.step_ms.median;
+  }
+  const std::map<std::string, std::string> peer_of{{"ddp", "torch_ddp"}, {"deepspeed_stage_1", "torch_zero1"}};
   for (auto& r : results) {
     if (!r.refused.empty() || r.steps == 0) continue;
+    if (auto kind = peer_of.find(r.label); kind != peer_of.end()) {
+      if (auto it = peers.find({kind->second, r.precision, r.world_size}); it != peers.end()) {
+        r.vs_peer = r.step_ms.median / it->second;
+      }
+    }
     if (auto it = raw.find({r.precision, r.world_size}); it != raw.end() && r.label != "raw") {
       r.beyond_raw_ms = r.step_ms.median - it->second;
     }
@@ -80,29 +92,36 @@ void compare(std::vector<cell_result>& results) {
 
 void write_markdown(std::ostream& out, const std::vector<cell_result>& results) {
   out << "| cell | precision | ranks | step ms (p10-p90) | forward | backward | optimizer | beyond raw loop ms "
-         "| samples/s | GFLOP/s | x single_device (1 rank) | collectives/step | payload MiB/step | payload / formula "
-         "| state MiB/rank | state / formula | RSS peak MiB |\n"
-      << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+         "| samples/s | GFLOP/s | x single_device (1 rank) | x PyTorch peer | collectives/step | payload MiB/step "
+         "| payload / formula | state MiB/rank | state / formula | RSS peak MiB |\n"
+      << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& r : results) {
     out << "| " << r.label << " | " << r.precision << " | " << r.world_size << " | ";
     if (!r.refused.empty()) {
-      out << "refused: " << r.refused << " | | | | | | | | | | | | | |\n";
+      out << "refused: " << r.refused << " | | | | | | | | | | | | | | |\n";
       continue;
     }
     out << fixed(r.step_ms.median, 2) << " (" << fixed(r.step_ms.p10, 2) << "-" << fixed(r.step_ms.p90, 2) << ") | "
         << fixed(r.forward_ms, 2) << " | " << fixed(r.backward_ms, 2) << " | " << fixed(r.optimizer_ms, 2) << " | "
         << optional_text(r.beyond_raw_ms, 2) << " | " << fixed(r.samples_per_second, 0) << " | "
-        << fixed(r.flop_per_second / 1e9, 2) << " | " << optional_text(r.vs_single_device, 3) << " | "
-        << fixed(r.collectives_per_step, 1) << " | " << fixed(r.payload_bytes_per_step / (1 << 20), 3) << " | "
-        << formula_check(r.payload_bytes_per_step, r.payload_formula_bytes) << " | "
-        << fixed(r.state_bytes / (1 << 20), 3) << " | " << formula_check(r.state_bytes, r.state_formula_bytes) << " | "
-        << fixed(r.rss_peak_mib, 0) << " |\n";
+        << (r.peer ? "-" : fixed(r.flop_per_second / 1e9, 2)) << " | " << optional_text(r.vs_single_device, 3)
+        << " | " << optional_text(r.vs_peer, 3) << " | ";
+    if (r.peer) {
+      out << "- | - | - | - | - | ";
+    } else {
+      out << fixed(r.collectives_per_step, 1) << " | " << fixed(r.payload_bytes_per_step / (1 << 20), 3) << " | "
+          << formula_check(r.payload_bytes_per_step, r.payload_formula_bytes) << " | "
+          << fixed(r.state_bytes / (1 << 20), 3) << " | " << formula_check(r.state_bytes, r.state_formula_bytes)
+          << " | ";
+    }
+    out << fixed(r.rss_peak_mib, 0) << " |\n";
   }
 }
 
 void write_csv(std::ostream& out, const std::vector<cell_result>& results) {
   out << "cell,precision,world_size,refused,steps,step_ms_median,step_ms_p10,step_ms_p90,forward_ms,backward_ms,"
-         "optimizer_ms,beyond_raw_ms,samples_per_second,flop_per_second,vs_single_device,collectives_per_step,"
+         "optimizer_ms,beyond_raw_ms,samples_per_second,flop_per_second,vs_single_device,vs_peer,peer,"
+         "collectives_per_step,"
          "payload_bytes_per_step,payload_formula_bytes,state_bytes,state_formula_bytes,rss_peak_mib\n";
   for (const auto& r : results) {
     std::string refused = r.refused;
@@ -112,6 +131,7 @@ void write_csv(std::ostream& out, const std::vector<cell_result>& results) {
         << fixed(r.forward_ms, 4) << ',' << fixed(r.backward_ms, 4) << ',' << fixed(r.optimizer_ms, 4) << ','
         << (r.beyond_raw_ms ? fixed(*r.beyond_raw_ms, 4) : "") << ',' << fixed(r.samples_per_second, 1) << ','
         << fixed(r.flop_per_second, 0) << ',' << (r.vs_single_device ? fixed(*r.vs_single_device, 4) : "") << ','
+        << (r.vs_peer ? fixed(*r.vs_peer, 4) : "") << ',' << (r.peer ? "true" : "false") << ','
         << fixed(r.collectives_per_step, 2) << ',' << fixed(r.payload_bytes_per_step, 0) << ','
         << (r.payload_formula_bytes ? fixed(*r.payload_formula_bytes, 0) : "") << ',' << fixed(r.state_bytes, 0) << ','
         << (r.state_formula_bytes ? fixed(*r.state_formula_bytes, 0) : "") << ',' << fixed(r.rss_peak_mib, 1) << '\n';
@@ -134,6 +154,8 @@ void write_json(std::ostream& out, const std::vector<cell_result>& results, cons
                      {"samples_per_second", r.samples_per_second},
                      {"flop_per_second", r.flop_per_second},
                      {"vs_single_device", optional_json(r.vs_single_device)},
+                     {"vs_peer", optional_json(r.vs_peer)},
+                     {"peer", r.peer},
                      {"collectives_per_step", r.collectives_per_step},
                      {"payload_bytes_per_step", r.payload_bytes_per_step},
                      {"payload_formula_bytes", optional_json(r.payload_formula_bytes)},
@@ -162,8 +184,13 @@ std::vector<cell_result> read_json(std::istream& in) {
       r.backward_ms = c.at("backward_ms").get<double>();
       r.optimizer_ms = c.at("optimizer_ms").get<double>();
       r.samples_per_second = c.at("samples_per_second").get<double>();
-      r.flop_per_second = c.at("flop_per_second").get<double>();
       r.rss_peak_mib = c.at("rss_peak_mib").get<double>();
+      r.peer = c.value("peer", false);
+      if (r.peer) {  // PyTorch's own cells carry no loom counters
+        results.push_back(std::move(r));
+        continue;
+      }
+      r.flop_per_second = c.at("flop_per_second").get<double>();
       r.collectives_per_step = c.at("collectives_per_step").get<double>();
       r.payload_bytes_per_step = c.at("payload_bytes_per_step").get<double>();
       if (!c.at("payload_formula_bytes").is_null()) {

@@ -49,6 +49,10 @@ struct cell_result {
   // precision and world size 1 (no value: not measured in this run).
   std::optional<double> beyond_raw_ms;
   std::optional<double> vs_single_device;
+  // Against the PyTorch peer of the same kind (ddp: torch_ddp,
+  // deepspeed_stage_1: torch_zero1) at the same precision and world size.
+  std::optional<double> vs_peer;
+  bool peer = false;  // measured by PyTorch itself (tools/bench/torch_peer.py): no loom counters
 };
 
 // The JSON write_json writes, read back (the driver merges its worker

@@ -264,7 +264,10 @@ std::vector<cell_result> run_cells(const worker_options& options) {
       r.result.world_size = world_size;
       try {
         const cell spec = parse_cell(text);
-        if (spec.is_raw()) make_raw(r, options, rank);
+        if (is_peer(text)) {
+          r.result.peer = true;
+          r.result.refused = "the PyTorch peers run from loom-bench's driver (loom-bench without a launcher)";
+        } else if (spec.is_raw()) make_raw(r, options, rank);
         else if (spec.strategy == "single_device" && world_size > 1) {
           r.result.refused = "single_device runs one process (it is the 1-rank reference)";
         } else make_fabric_cell(r, spec, options, rank, job.local_world_size.value_or(world_size));
