@@ -1,5 +1,5 @@
 #!/bin/sh
-# check_loom_bench.sh LOOM_BENCH LOOM_RUN: loom-bench's smoke test (a small
+# check_loom_bench.sh LOOM_BENCH LOOM_RUN LOOM_PLOT: loom-bench's smoke test (a small
 # MLP, few steps: it checks the output, not a speed).
 # - The default matrix at 1 and 2 ranks: every cell of every world size is in
 #   the table, the CSV and the JSON; every cell is measured (steps, a step
@@ -13,6 +13,8 @@
 #   padded to a multiple of 3, for FSDP and ZeRO too; so does every cell's
 #   model state per rank (a counting allocator), but ddp's, which has no
 #   formula yet (its Reducer's buckets).
+# - loom-plot --bench draws the matrix's CSV: an SVG with one bar row per
+#   measured cell.
 # - `loom-run --devices 2 bench` runs one world size the way loom-run starts
 #   any program, and rank 0 alone prints the table.
 # - --one-rank-overhead ends with worst_one_rank_ratio=R strategy=NAME.
@@ -20,6 +22,7 @@
 set -eu
 bench=$(realpath "$1")
 loom_run=$(realpath "$2")
+loom_plot=$(realpath "$3")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
@@ -84,6 +87,18 @@ if names[1] != names[2]:
     problems.append(f"the world sizes ran different cells: {sorted(names[1] ^ names[2])}")
 print("\n".join(problems) if problems else f"matrix: {len(cells)} cells in the table, the CSV and the JSON")
 sys.exit(1 if problems else 0)
+EOF
+
+timeout 30 "$loom_plot" --bench matrix/loom-bench.csv -o matrix.svg ||
+  { echo "FAIL: loom-plot --bench failed"; exit 1; }
+/usr/bin/python3 - matrix.svg matrix/loom-bench.json <<'EOF'
+import json, sys, xml.etree.ElementTree as ET
+svg = ET.parse(sys.argv[1]).getroot()
+rows = [g for g in svg.iter("{http://www.w3.org/2000/svg}g") if g.get("class") == "cell"]
+measured = [c for c in json.load(open(sys.argv[2]))["cells"] if not c["refused"]]
+bars = [r for r in rows if len([e for e in r if e.tag.endswith("rect")]) >= 3]
+print(f"loom-plot --bench: {len(rows)} bar rows for {len(measured)} measured cells")
+sys.exit(0 if len(rows) == len(bars) == len(measured) else 1)
 EOF
 
 timeout 60 "$loom_run" --devices 2 bench $small --strategies raw,ddp,fsdp --out '' > launched.txt 2>&1 ||

@@ -1,10 +1,14 @@
 // loom-plot: an SVG of the metrics a CSV logger wrote, each against step.
 //
 //   loom-plot metrics.csv -o curves.svg [--metrics train_loss,val_loss] [--title TEXT]
+//   loom-plot --bench loom-bench/loom-bench.csv -o loom-bench.svg   (plot/bench_bars.hpp)
 //
 // One panel per metric; a train_/val_/test_ pair (train_loss, val_loss)
 // shares a panel, told apart by the legend. Axes have ticks at round values
 // and labels; points that are not finite are left out. No torch headers.
+#include "plot/bench_bars.hpp"
+#include "plot/svg_text.hpp"
+
 #include <loom/loggers/csv_format.hpp>
 
 #include <CLI/CLI.hpp>
@@ -22,6 +26,11 @@
 #include <vector>
 
 namespace {
+
+using loom_plot::colors;
+using loom_plot::escape;
+using loom_plot::number;
+using loom_plot::ticks;
 
 struct series {
   std::string name;
@@ -96,54 +105,6 @@ std::vector<panel> group(std::vector<series> all) {
   }
   return panels;
 }
-
-// Round tick values covering [low, high]: steps of 1, 2 or 5 times a power of ten.
-std::vector<double> ticks(double low, double high, int wanted = 5) {
-  if (!(high > low)) {
-    const double pad = std::max(std::fabs(low) * 0.1, 1.0);
-    low -= pad;
-    high += pad;
-  }
-  const double raw = (high - low) / wanted;
-  const double magnitude = std::pow(10.0, std::floor(std::log10(raw)));
-  double step = magnitude;
-  for (double factor : {1.0, 2.0, 5.0, 10.0}) {
-    step = factor * magnitude;
-    if (raw <= step) break;
-  }
-  // From the last round value at or below low to the first at or above high.
-  const double first = std::floor(low / step) * step;
-  const auto count = static_cast<int>(std::llround(std::ceil(high / step) - std::floor(low / step)));
-  std::vector<double> out;
-  for (int i = 0; i <= count; ++i) {
-    const double v = first + i * step;
-    out.push_back(std::fabs(v) < step * 1e-9 ? 0.0 : v);
-  }
-  return out;
-}
-
-std::string number(double v) {
-  char buffer[32];
-  if (v != 0 && (std::fabs(v) >= 1e5 || std::fabs(v) < 1e-3)) std::snprintf(buffer, sizeof(buffer), "%.1e", v);
-  else std::snprintf(buffer, sizeof(buffer), "%.6g", v);
-  return buffer;
-}
-
-std::string escape(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
-
-const char* const colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"};
 
 std::string render(const std::vector<panel>& panels, const std::string& title) {
   constexpr int panel_w = 460, panel_h = 280, columns = 2, top = 40;
@@ -229,11 +190,22 @@ int main(int argc, char** argv) {
   app.add_option("-o,--output", output, "the SVG to write");
   app.add_option("--metrics", wanted, "columns to plot (default: all but step and epoch)")->delimiter(',');
   app.add_option("--title", title, "a title above the panels (default: the CSV's path)");
+  bool bench = false;
+  app.add_flag("--bench", bench,
+               "the CSV is loom-bench's: bars of each cell's step time and its split, and of its payload and state "
+               "per rank");
   CLI11_PARSE(app, argc, argv);
   try {
-    const auto panels = group(read_metrics(input, wanted));
-    if (panels.empty()) throw std::runtime_error(input + " has no metric values to plot");
-    const std::string svg = render(panels, title.empty() ? input : title);
+    std::string svg;
+    std::size_t count = 1;
+    if (bench) {
+      svg = loom_plot::render_bench(input, title.empty() ? input : title);
+    } else {
+      const auto panels = group(read_metrics(input, wanted));
+      if (panels.empty()) throw std::runtime_error(input + " has no metric values to plot");
+      svg = render(panels, title.empty() ? input : title);
+      count = panels.size();
+    }
     const std::string temporary = output + ".tmp";
     {
       std::ofstream out(temporary, std::ios::trunc);
@@ -241,7 +213,7 @@ int main(int argc, char** argv) {
       if (!out) throw std::runtime_error("cannot write " + temporary);
     }
     if (std::rename(temporary.c_str(), output.c_str()) != 0) throw std::runtime_error("cannot write " + output);
-    std::cerr << "loom-plot: " << panels.size() << " panel(s) -> " << output << '\n';
+    std::cerr << "loom-plot: " << (bench ? 2 : count) << " panel(s) -> " << output << '\n';
     return 0;
   } catch (const std::exception& error) {
     std::cerr << "loom-plot: " << error.what() << '\n';
