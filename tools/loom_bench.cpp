@@ -95,10 +95,14 @@ std::vector<std::int64_t> numbers(const std::string& text, const char* what) {
 // The report: the table, the files, and what every run must say.
 void report(std::vector<loom_bench::cell_result> results, const arguments& args) {
   loom_bench::compare(results);
+  // glibc's malloc settings change CPU step times by tens of percent
+  // (docs/launching.md): the report names them.
+  const std::string tunables = loom::cluster::setting_text("GLIBC_TUNABLES").value_or("");
   std::printf("loom-bench on %s; MLP %s, batch %lld per data-parallel rank, Adam, %d measured steps per cell "
-              "(after %d), interleaved in blocks of %d; denormals flushed to zero in every cell\n\n",
+              "(after %d), interleaved in blocks of %d; denormals flushed to zero in every cell; malloc: %s\n\n",
               machine().c_str(), args.widths.c_str(), static_cast<long long>(args.worker.batch_per_rank),
-              args.worker.steps, args.worker.warmup, args.worker.block);
+              args.worker.steps, args.worker.warmup, args.worker.block,
+              tunables.empty() ? "glibc's defaults" : ("GLIBC_TUNABLES=" + tunables).c_str());
   std::ostringstream table;
   loom_bench::write_markdown(table, results);
   std::fputs(table.str().c_str(), stdout);

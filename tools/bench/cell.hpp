@@ -78,9 +78,10 @@ std::vector<std::string> one_rank_cells();
 //   ZeRO-1: 8P + 8P/N (full parameters and gradients kept, padded)
 //   model_parallel, tensor parallel N on one data-parallel rank, an even
 //     number of layers: 16 x this rank's parameters (column-wise layers:
-//     weight and bias / N; row-wise: weight / N, the bias whole); an odd
-//     last layer's gathered output also leaves a buffer in the group's pool
-//     (measured: 1 KiB at batch 8, width 32), not written as a formula yet
+//     weight and bias / N; row-wise: weight / N, the bias whole). The
+//     tensor-parallel group may also keep a pooled receive buffer of one
+//     activation (batch x width floats; measured: 0 or 1 KiB at batch 8,
+//     width 32, from run to run), which the formula leaves out
 // ddp has none yet: its Reducer's bucket copies of the gradients (4Ψ), the
 // two-rank exchange's receive buffer (the bucket layout's) and, with
 // find_unused_parameters, its used-parameter maps (even at one rank).

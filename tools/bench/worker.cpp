@@ -5,6 +5,7 @@
 #include <loom/any_fabric.hpp>
 #include <loom/cluster/environment.hpp>
 #include <loom/comm/traffic.hpp>
+#include <loom/errors.hpp>
 #include <loom/runtime/make_fabric_with_strategy.hpp>
 #include <loom/runtime/strategy_options.hpp>
 #include <loom/strategy/model_parallel.hpp>
@@ -20,6 +21,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/adam.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <functional>
@@ -240,6 +242,19 @@ std::vector<cell_result> run_cells(const worker_options& options) {
   // Until a fabric says (loom-run leaves the global rank to the strategy):
   // the rank on a single node, for the raw loop's batch.
   int rank = job.global_rank.value_or(job.node_rank * job.local_world_size.value_or(world_size) + job.local_rank);
+  // Each cell's Fabric forms its own process group. loom-run's rendezvous
+  // (a file in a private directory) takes any number; a TCP one (mpirun,
+  // torchrun, srun: MASTER_PORT) binds its port once per process, and a
+  // second group would leave the other ranks waiting: refused up front.
+  const auto fabrics = std::count_if(options.cells.begin(), options.cells.end(), [](const std::string& text) {
+    return !is_peer(text) && text != raw_loop;
+  });
+  if (world_size > 1 && !job.rendezvous_dir && fabrics > 1) {
+    throw loom::configuration_error(
+        "loom-bench: under " + job.name + " (a TCP rendezvous at MASTER_PORT) a job runs one loom cell besides raw; "
+        "name one with --strategies, or start loom-bench with loom-run (loom-run --devices N bench ...), whose "
+        "rendezvous takes every cell");
+  }
   // The cells join the processes the launcher started under their own
   // names: loom-run's --strategy (if any) names none of them.
   loom::cluster::export_variable("LT_CLI_USED", "");
