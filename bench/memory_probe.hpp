@@ -12,6 +12,7 @@
 #include "fsdp_model.hpp"
 
 #include <loom/util/counting_allocator.hpp>
+#include <loom/util/rss_peak.hpp>
 
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/adam.h>
@@ -27,16 +28,8 @@ namespace loom_bench {
 using loom::counting_allocator;
 using loom::install_counting_allocator;
 
-// The RSS high-water mark since the last reset (Linux: clear_refs 5).
-inline void reset_rss_peak() { std::ofstream("/proc/self/clear_refs") << "5"; }
-inline std::int64_t rss_peak_bytes() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::atoll(line.c_str() + 6) * 1024;
-  }
-  return -1;
-}
+using loom::reset_rss_peak;
+using loom::rss_peak_bytes;
 
 inline double mib(std::int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 

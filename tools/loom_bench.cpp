@@ -20,23 +20,17 @@
 #include "bench/worker.hpp"
 
 #include <loom/cluster/environment.hpp>
+#include <loom/comm/process_group.hpp>
 #include <loom/environment.hpp>
 #include <loom/launch/supervisor.hpp>
 
 #include <CLI/CLI.hpp>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
-#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -155,23 +149,6 @@ bool run_job(loom::launch::supervisor& job, const std::string& file, const std::
   return true;
 }
 
-// A port nothing listens on now (the kernel's choice), for the peers' rendezvous.
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof address;
-  int port = 0;
-  if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-    port = ntohs(address.sin_port);
-  }
-  if (fd >= 0) ::close(fd);
-  if (port == 0) throw std::runtime_error("no free loopback port for the PyTorch peers' rendezvous");
-  return port;
-}
-
 // Why the PyTorch peers cannot run here (empty: they can): torch_peer.py
 // beside this program (build) or in share/loom (installed), and
 // /usr/bin/python3 able to import torch.
@@ -210,11 +187,11 @@ void run_peers(const arguments& args, const std::vector<std::string>& peers, std
   };
   if (!unavailable.empty()) return refuse(unavailable);
   const std::string file = scratch + "/peers-" + std::to_string(world_size) + ".json";
-  const std::string port = std::to_string(free_port());
+  const std::string port = std::to_string(loom::comm::find_free_port());
   // The threads loom-run gives loom's ranks: the user's OMP_NUM_THREADS, or the cores shared out.
-  const unsigned cores = std::max(1U, std::thread::hardware_concurrency());
-  const std::string threads = loom::cluster::setting_text("OMP_NUM_THREADS")
-                                  .value_or(std::to_string(std::max<std::int64_t>(1, cores / world_size)));
+  const std::string threads =
+      loom::cluster::setting_text("OMP_NUM_THREADS")
+          .value_or(std::to_string(loom::launch::threads_per_process(static_cast<int>(world_size))));
   loom::launch::supervisor job;
   for (std::int64_t rank = 0; rank < world_size; ++rank) {
     job.start(static_cast<int>(rank),

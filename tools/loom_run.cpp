@@ -23,7 +23,6 @@
 #include <fstream>
 #include <iostream>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace {
@@ -187,8 +186,7 @@ int main(int argc, char** argv) {
   export_variable("MASTER_ADDR", args.main_address);
   export_variable("MASTER_PORT", std::to_string(args.main_port));
   // The cores shared out among this node's processes, unless the user chose.
-  const unsigned cores = std::max(1U, std::thread::hardware_concurrency());
-  export_variable("OMP_NUM_THREADS", std::to_string(std::max(1U, cores / static_cast<unsigned>(processes))),
+  export_variable("OMP_NUM_THREADS", std::to_string(loom::launch::threads_per_process(processes)),
                   /*overwrite=*/false);
   // One node: the ranks meet through a file in a private directory, so
   // nothing listens on the network for the rendezvous.

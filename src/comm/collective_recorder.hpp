@@ -33,6 +33,11 @@ inline std::uint64_t bytes_of(const std::vector<at::Tensor>& tensors) noexcept {
   for (const auto& tensor : tensors) sum += bytes_of(tensor);
   return sum;
 }
+// The whole of what a group of `size` ranks gathers or scatters, from this
+// rank's chunk: an all-gather's result, a reduce-scatter's input.
+inline std::uint64_t all_chunks(std::uint64_t chunk_bytes, int size) noexcept {
+  return chunk_bytes * static_cast<std::uint64_t>(size);
+}
 
 // One collective as the ranks compare it: kind, dtype and shape. Shapes are
 // left out (rank == -1) where ranks legitimately differ (gather/scatter

@@ -88,7 +88,7 @@ struct process_group_state {
 inline void record_emulated(process_group_state& state, collective_kind kind, const at::Tensor& chunk) {
   state.emulated_collectives.fetch_add(1, std::memory_order_relaxed);
   if (state.watch) {
-    state.watch->recorder->record(kind, &chunk, bytes_of(chunk) * static_cast<std::uint64_t>(state.size));
+    state.watch->recorder->record(kind, &chunk, all_chunks(bytes_of(chunk), state.size));
   }
 }
 

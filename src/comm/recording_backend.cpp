@@ -133,7 +133,7 @@ c10::intrusive_ptr<c10d::Work> recording_backend::reduce(std::vector<at::Tensor>
 c10::intrusive_ptr<c10d::Work> recording_backend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                             std::vector<at::Tensor>& inputs,
                                                             const c10d::AllgatherOptions& opts) {
-  recorder_->record(collective_kind::all_gather, first(inputs), bytes_of(inputs) * static_cast<std::uint64_t>(getSize()));
+  recorder_->record(collective_kind::all_gather, first(inputs), all_chunks(bytes_of(inputs), getSize()));
   return inner_->allgather(outputs, inputs, opts);
 }
 
@@ -146,7 +146,8 @@ c10::intrusive_ptr<c10d::Work> recording_backend::_allgather_base(at::Tensor& ou
 c10::intrusive_ptr<c10d::Work> recording_backend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                       std::vector<at::Tensor>& inputs,
                                                                       const c10d::AllgatherOptions& opts) {
-  recorder_->record(collective_kind::all_gather_coalesced, first(inputs), bytes_of(inputs) * static_cast<std::uint64_t>(getSize()));
+  recorder_->record(collective_kind::all_gather_coalesced, first(inputs),
+                    all_chunks(bytes_of(inputs), getSize()));
   return inner_->allgather_coalesced(outputs, inputs, opts);
 }
 
@@ -154,21 +155,23 @@ c10::intrusive_ptr<c10d::Work> recording_backend::allgather_coalesced(std::vecto
 c10::intrusive_ptr<c10d::Work> recording_backend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::GatherOptions& opts) {
-  recorder_->record(collective_kind::gather, first(inputs), bytes_of(inputs) * static_cast<std::uint64_t>(getSize()), /*compare_shape=*/false);
+  recorder_->record(collective_kind::gather, first(inputs), all_chunks(bytes_of(inputs), getSize()),
+                    /*compare_shape=*/false);
   return inner_->gather(outputs, inputs, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> recording_backend::scatter(std::vector<at::Tensor>& outputs,
                                                           std::vector<std::vector<at::Tensor>>& inputs,
                                                           const c10d::ScatterOptions& opts) {
-  recorder_->record(collective_kind::scatter, first(outputs), bytes_of(outputs) * static_cast<std::uint64_t>(getSize()), /*compare_shape=*/false);
+  recorder_->record(collective_kind::scatter, first(outputs), all_chunks(bytes_of(outputs), getSize()),
+                    /*compare_shape=*/false);
   return inner_->scatter(outputs, inputs, opts);
 }
 
 c10::intrusive_ptr<c10d::Work> recording_backend::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                  std::vector<std::vector<at::Tensor>>& inputs,
                                                                  const c10d::ReduceScatterOptions& opts) {
-  recorder_->record(collective_kind::reduce_scatter, first(outputs), bytes_of(outputs) * static_cast<std::uint64_t>(getSize()));
+  recorder_->record(collective_kind::reduce_scatter, first(outputs), all_chunks(bytes_of(outputs), getSize()));
   return inner_->reduce_scatter(outputs, inputs, opts);
 }
 

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -216,6 +217,11 @@ std::vector<std::string> own_command_line() {
   }
   if (!current.empty()) args.push_back(current);
   return args;
+}
+
+unsigned threads_per_process(int processes) {
+  const unsigned cores = std::max(1U, std::thread::hardware_concurrency());
+  return std::max(1U, cores / static_cast<unsigned>(std::max(1, processes)));
 }
 
 std::string own_executable() { return std::filesystem::read_symlink("/proc/self/exe").string(); }

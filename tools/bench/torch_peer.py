@@ -6,7 +6,8 @@ same processes, interleaved in blocks of steps as loom-bench's cells are:
     torch_zero1  DistributedDataParallel + ZeroRedundancyOptimizer(Adam): PyTorch's ZeRO-1
 
 OMP_NUM_THREADS threads per rank (loom-bench passes what loom-run gives
-loom's ranks), denormals flushed to zero (as loom-bench's cells), Gloo. Ranks are started with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT;
+loom's ranks), denormals flushed to zero (as loom-bench's cells), Gloo.
+Ranks are started with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT;
 rank 0 writes the cells as loom-bench's JSON (no collective or memory
 counts: PyTorch has no loom counters).
 

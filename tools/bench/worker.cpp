@@ -14,6 +14,7 @@
 #include <loom/tp/parallelize.hpp>
 #include <loom/util/counting_allocator.hpp>
 #include <loom/util/flop_counter.hpp>
+#include <loom/util/rss_peak.hpp>
 
 #include <ATen/Context.h>
 #include <torch/nn/functional/activation.h>
@@ -23,9 +24,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -65,11 +66,12 @@ TORCH_MODULE(Mlp);
 // (Megatron's pairing: the activation between them stays sharded); an odd
 // last layer is column-wise with its output gathered.
 void parallelize_mlp(torch::nn::Module& module, loom::comm::device_mesh& mesh, std::size_t layers) {
+  using loom::tp::replicate;
   loom::tp::parallelize_plan plan;
   for (std::size_t i = 0; i < layers; ++i) {
     const std::string name = "fc" + std::to_string(i);
     if (i % 2 == 1) plan.emplace_back(name, loom::tp::rowwise_parallel{});
-    else if (i + 1 == layers) plan.emplace_back(name, loom::tp::colwise_parallel{.output_layout = loom::tp::replicate()});
+    else if (i + 1 == layers) plan.emplace_back(name, loom::tp::colwise_parallel{.output_layout = replicate()});
     else plan.emplace_back(name, loom::tp::colwise_parallel{});
   }
   loom::tp::parallelize_module(module, mesh, plan);
@@ -81,6 +83,7 @@ struct step_times {
 
 // One cell at one precision: its fabric, model and optimizer, and its step.
 struct runner {
+  cell spec;
   cell_result result;
   int data_parallel_size = 1;  // ranks that each train on their own batch
   int global_rank = -1;        // as the cell's fabric says (-1: no fabric)
@@ -159,55 +162,47 @@ void make_raw(runner& r, const worker_options& options, int rank) {
 
 // A registered name through make_fabric; model_parallel (its plan is code)
 // as a strategy object, with data_parallel_size and tensor_parallel_size
-// read from the cell's options.
-void make_fabric_cell(runner& r, const cell& spec, const worker_options& options, int rank, int local_processes) {
+// read from the cell's options. Each data-parallel rank trains on its own
+// batch (model_parallel's tensor-parallel ranks share theirs).
+void make_fabric_cell(runner& r, const worker_options& options, int local_processes) {
   loom::fabric_config config;
   config.accelerator = "cpu";
   config.devices = local_processes;  // what the launcher started on this node
   config.precision = r.result.precision;
   std::shared_ptr<loom::AnyFabric> fabric;
-  int data_parallel_rank = rank;
-  if (spec.strategy == "model_parallel") {
-    loom::runtime::option_reader reader("model_parallel", spec.options_json);
+  // model_parallel's plan says this rank's data-parallel coordinate and size.
+  auto mesh = std::make_shared<std::optional<std::pair<int, int>>>();
+  if (r.spec.strategy == "model_parallel") {
+    loom::runtime::option_reader reader("model_parallel", r.spec.options_json);
     std::int64_t data_parallel = 0;
     std::int64_t tensor_parallel = 0;
     reader.read("data_parallel_size", data_parallel, 0, 1 << 20);
     reader.read("tensor_parallel_size", tensor_parallel, 0, 1 << 20);
     reader.finish();
     const std::size_t layers = options.widths.size() - 1;
-    auto where = std::make_shared<std::pair<int, int>>(0, 1);
     fabric.reset(new loom::AnyFabric(loom::make_fabric(  // not movable: built in place
         config, loom::model_parallel(loom::model_parallel_options{
                     .parallelize_fn =
-                        [where, layers](torch::nn::Module& module, loom::comm::device_mesh& mesh) {
-                          *where = {mesh.coordinate("data_parallel"), mesh.size("data_parallel")};
-                          parallelize_mlp(module, mesh, layers);
+                        [mesh, layers](torch::nn::Module& module, loom::comm::device_mesh& device_mesh) {
+                          *mesh = {device_mesh.coordinate("data_parallel"), device_mesh.size("data_parallel")};
+                          parallelize_mlp(module, device_mesh, layers);
                         },
                     .data_parallel_size = static_cast<int>(data_parallel),
                     .tensor_parallel_size = static_cast<int>(tensor_parallel)}))));
-    fabric->launch();
-    at::manual_seed(0);
-    auto net = std::make_shared<Mlp>(options.widths);
-    auto adam = std::make_shared<torch::optim::Adam>((*net)->parameters(), torch::optim::AdamOptions(1e-3));
-    auto [model, optimizer] = fabric->setup(*net, *adam);
-    data_parallel_rank = where->first;
-    r.data_parallel_size = where->second;
-    r.global_rank = fabric->global_rank();
-    r.step = fabric_step(fabric, net, adam, std::make_shared<decltype(model)>(std::move(model)),
-                         std::make_shared<decltype(optimizer)>(std::move(optimizer)),
-                         batch_for(options, data_parallel_rank));
-    return;
+  } else {
+    config.strategy = r.spec.strategy;
+    config.strategy_options = r.spec.options_json;
+    fabric.reset(new loom::AnyFabric(loom::make_fabric(config)));
   }
-  config.strategy = spec.strategy;
-  config.strategy_options = spec.options_json;
-  fabric.reset(new loom::AnyFabric(loom::make_fabric(config)));
   fabric->launch();
   at::manual_seed(0);
   auto net = std::make_shared<Mlp>(options.widths);
   auto adam = std::make_shared<torch::optim::Adam>((*net)->parameters(), torch::optim::AdamOptions(1e-3));
   auto [model, optimizer] = fabric->setup(*net, *adam);
-  r.data_parallel_size = fabric->world_size();
-  r.global_rank = data_parallel_rank = fabric->global_rank();
+  r.global_rank = fabric->global_rank();
+  const auto [data_parallel_rank, data_parallel_size] =
+      mesh->value_or(std::pair<int, int>{r.global_rank, fabric->world_size()});
+  r.data_parallel_size = data_parallel_size;
   r.step = fabric_step(fabric, net, adam, std::make_shared<decltype(model)>(std::move(model)),
                        std::make_shared<decltype(optimizer)>(std::move(optimizer)),
                        batch_for(options, data_parallel_rank));
@@ -223,15 +218,6 @@ double step_flop(const worker_options& options) {
       *net, [&]() { return net->forward(data.inputs); },
       [&](const at::Tensor& output) { return torch::nn::functional::cross_entropy(output, data.targets); });
   return counted.total();
-}
-
-// This process's resident-set high-water mark (VmHWM), in MiB.
-double rss_peak_mib() {
-  std::ifstream status("/proc/self/status");
-  for (std::string line; std::getline(status, line);) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
-  }
-  return 0;
 }
 
 }  // namespace
@@ -278,14 +264,14 @@ std::vector<cell_result> run_cells(const worker_options& options) {
       r.result.precision = precision;
       r.result.world_size = world_size;
       try {
-        const cell spec = parse_cell(text);
+        r.spec = parse_cell(text);
         if (is_peer(text)) {
           r.result.peer = true;
           r.result.refused = "the PyTorch peers run from loom-bench's driver (loom-bench without a launcher)";
-        } else if (spec.is_raw()) make_raw(r, options, rank);
-        else if (spec.strategy == "single_device" && world_size > 1) {
+        } else if (r.spec.is_raw()) make_raw(r, options, rank);
+        else if (r.spec.strategy == "single_device" && world_size > 1) {
           r.result.refused = "single_device runs one process (it is the 1-rank reference)";
-        } else make_fabric_cell(r, spec, options, rank, job.local_world_size.value_or(world_size));
+        } else make_fabric_cell(r, options, job.local_world_size.value_or(world_size));
         if (r.step) {
           for (int s = 0; s < 2; ++s) r.step(nullptr);
           r.result.state_bytes = static_cast<double>(counter.live() - before - batch_bytes);
@@ -317,7 +303,7 @@ std::vector<cell_result> run_cells(const worker_options& options) {
   }
   std::vector<cell_result> results;
   if (rank != 0) return results;
-  const double rss = rss_peak_mib();
+  const double rss = static_cast<double>(loom::rss_peak_bytes()) / (1 << 20);
   for (auto& r : runners) {
     cell_result result = r.result;
     if (r.step) {
@@ -338,10 +324,9 @@ std::vector<cell_result> run_cells(const worker_options& options) {
       }
       result.collectives_per_step = r.traffic.total().collectives / steps;
       result.payload_bytes_per_step = r.traffic.total().payload_bytes / steps;
-      const cell spec = parse_cell(result.label);
       result.payload_formula_bytes =
-          payload_formula(spec, options.widths, world_size, options.batch_per_rank, result.precision);
-      result.state_formula_bytes = state_formula(spec, options.widths, world_size, result.precision);
+          payload_formula(r.spec, options.widths, world_size, options.batch_per_rank, result.precision);
+      result.state_formula_bytes = state_formula(r.spec, options.widths, world_size, result.precision);
     }
     result.rss_peak_mib = rss;
     results.push_back(std::move(result));

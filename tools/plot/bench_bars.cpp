@@ -40,14 +40,15 @@ std::vector<bench_row> read_bench(const std::string& path) {
   for (std::size_t row = 2; std::getline(in, line); ++row) {
     if (line.empty()) continue;
     const auto fields = loom::split_csv_line(line);
-    if (fields.size() < header.size()) throw std::runtime_error(path + ", row " + std::to_string(row) + ": too few fields");
+    const std::string where = path + ", row " + std::to_string(row);
+    if (fields.size() < header.size()) throw std::runtime_error(where + ": too few fields");
     if (!fields[column["refused"]].empty()) continue;
     auto value = [&](const char* name) {
       const std::string& text = fields[column[name]];
       char* end = nullptr;
       const double v = std::strtod(text.c_str(), &end);
       if (text.empty() || end == text.c_str()) {
-        throw std::runtime_error(path + ", row " + std::to_string(row) + ": " + name + " '" + text + "' is not a number");
+        throw std::runtime_error(where + ": " + name + " '" + text + "' is not a number");
       }
       return v;
     };
@@ -127,7 +128,9 @@ std::string render_bench(const std::string& path, const std::string& title) {
     svg << "<g class=\"cell\" data-cell=\"" << escape(r.label) << "\">\n<text x=\"" << label_w - 8 << "\" y=\""
         << y + 12 << "\" text-anchor=\"end\">" << escape(r.label) << "</text>\n";
     double start = 0;
-    for (const auto& [part, color] : {std::pair{r.forward, colors[0]}, {r.backward, colors[1]}, {r.optimizer, colors[2]}}) {
+    const std::pair<double, const char*> parts[] = {
+        {r.forward, colors[0]}, {r.backward, colors[1]}, {r.optimizer, colors[2]}};
+    for (const auto& [part, color] : parts) {
       svg << "<rect x=\"" << time.scale(start) << "\" y=\"" << y + 3 << "\" width=\"" << time.scale(part) - time.x0
           << "\" height=\"" << row_h - 6 << "\" fill=\"" << color << "\"/>\n";
       start += part;

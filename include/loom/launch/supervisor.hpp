@@ -66,6 +66,11 @@ std::string describe_status(int wait_status);
 // The exit code a launcher reports for a child's wait status (128 + signal when killed).
 int exit_code_of(int wait_status);
 
+// The threads each of `processes` local ranks gets when the user has not
+// set OMP_NUM_THREADS: the cores shared out, at least one (loom-run's rule;
+// loom-bench gives its PyTorch peers the same).
+unsigned threads_per_process(int processes);
+
 // This process's command line (from /proc/self/cmdline) and executable, to
 // start copies of it.
 std::vector<std::string> own_command_line();
