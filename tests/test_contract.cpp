@@ -23,6 +23,7 @@
 #include <torch/optim/sgd.h>
 
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -460,6 +461,56 @@ TEST_CASE("the collective recorder keeps the last entries, allocates nothing, an
   CHECK(decoded->entries[1].describe() == "all_gather(Long[7])");
   CHECK_FALSE(loom::comm::decode_record("something else").has_value());
   CHECK_FALSE(loom::comm::decode_record("loom-watchdog-1 2 0\n").has_value());  // no heartbeat: another loom
+}
+
+// Communication time (loom/comm/traffic.hpp): off, a record owes nothing;
+// on, the clock runs while any collective is open, overlaps count once, and
+// it stops when the last one completes.
+TEST_CASE("communication time is the union of the intervals collectives are in flight", "[contract]") {
+  using loom::comm::collective_kind;
+  using clock_type = std::chrono::steady_clock;
+  const auto ns = [](clock_type::duration d) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+  };
+  const auto pause = [] { std::this_thread::sleep_for(std::chrono::milliseconds(15)); };
+  loom::comm::collective_recorder recorder;
+  const at::Tensor grads = at::zeros({4});
+  CHECK_FALSE(recorder.record(collective_kind::all_reduce, &grads, std::uint64_t{16}));
+  loom::comm::time_collectives(true);
+  const loom::comm::traffic before = loom::comm::traffic_so_far();
+  const auto opened = clock_type::now();
+  const bool first = recorder.record(collective_kind::all_reduce, &grads, std::uint64_t{16});
+  const auto first_in = clock_type::now();
+  pause();
+  const bool second = recorder.record(collective_kind::all_gather, &grads, std::uint64_t{16});  // overlaps the first
+  pause();
+  if (first) loom::comm::collective_completed();
+  pause();
+  const auto last_out = clock_type::now();
+  if (second) loom::comm::collective_completed();
+  const auto closed = clock_type::now();
+  loom::comm::time_collectives(false);
+  REQUIRE(first);
+  REQUIRE(second);
+  const std::int64_t busy = (loom::comm::traffic_so_far() - before).in_flight_ns;
+  // Within the union's bounds: not the two intervals' sum (about 1.5 times it).
+  CHECK(busy >= ns(last_out - first_in));
+  CHECK(busy <= ns(closed - opened));
+  // Nothing open: the clock stands still.
+  const loom::comm::traffic idle = loom::comm::traffic_so_far();
+  pause();
+  CHECK(loom::comm::traffic_so_far().in_flight_ns == idle.in_flight_ns);
+  // A timed collective that ends in scope (loom's synchronous emulations).
+  loom::comm::time_collectives(true);
+  {
+    const loom::comm::timed_collective timing(recorder.record(collective_kind::reduce_scatter, &grads, std::uint64_t{16}));
+    pause();
+  }
+  loom::comm::time_collectives(false);
+  const loom::comm::traffic after_scope = loom::comm::traffic_so_far();
+  CHECK(after_scope.in_flight_ns - idle.in_flight_ns >= ns(std::chrono::milliseconds(15)));
+  pause();
+  CHECK(loom::comm::traffic_so_far().in_flight_ns == after_scope.in_flight_ns);
 }
 
 // ------------------------------------------------------------------ dp

@@ -21,8 +21,27 @@
 namespace loom::comm {
 
 // Adds one collective of `kind` and its payload to this process's traffic
-// (loom/comm/traffic.hpp): relaxed atomic adds, nothing that waits.
-void note_traffic(collective_kind kind, std::uint64_t payload_bytes) noexcept;
+// (loom/comm/traffic.hpp): relaxed atomic adds, nothing that waits. Returns
+// true when communication timing is on and the collective now counts as in
+// flight: the caller then calls collective_completed() exactly once, when
+// its work completes (or fails, or was never started).
+[[nodiscard]] bool note_traffic(collective_kind kind, std::uint64_t payload_bytes, int group_size) noexcept;
+void collective_completed() noexcept;
+
+// Ends a timed collective when it goes out of scope (a collective that
+// completes before the caller returns: loom's synchronous emulations).
+class timed_collective {
+ public:
+  explicit timed_collective(bool timed) noexcept : timed_(timed) {}
+  timed_collective(const timed_collective&) = delete;
+  timed_collective& operator=(const timed_collective&) = delete;
+  ~timed_collective() {
+    if (timed_) collective_completed();
+  }
+
+ private:
+  bool timed_;
+};
 
 // The bytes of the tensors (a list's sum).
 inline std::uint64_t bytes_of(const at::Tensor& tensor) noexcept {
@@ -61,13 +80,18 @@ class collective_recorder {
  public:
   static constexpr std::size_t capacity = 256;  // a power of two
 
+  // The recorder of a group of `group_size` ranks (0: not known).
+  explicit collective_recorder(int group_size = 0) noexcept : group_size_(group_size) {}
+
   // Called on entry to every collective of the group, with its payload
   // (loom/comm/traffic.hpp says what that is for each kind).
   // A payload is required: record(kind, tensor, false) must not read as 0 bytes.
+  // Returns note_traffic's answer: true obliges the caller to call
+  // collective_completed() once the collective completes.
   void record(collective_kind kind, const at::Tensor* tensor, bool compare_shape) = delete;
-  void record(collective_kind kind, const at::Tensor* tensor, std::uint64_t payload_bytes,
+  bool record(collective_kind kind, const at::Tensor* tensor, std::uint64_t payload_bytes,
               bool compare_shape = true) noexcept {
-    note_traffic(kind, payload_bytes);
+    const bool timed = note_traffic(kind, payload_bytes, group_size_);
     const std::uint64_t sequence = entered_.fetch_add(1, std::memory_order_relaxed);
     slot& s = ring_[sequence & (capacity - 1)];
     s.words[0].store(invalid, std::memory_order_relaxed);
@@ -90,6 +114,7 @@ class collective_recorder {
     s.words[2].store(static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()),
                      std::memory_order_relaxed);
     s.words[0].store(sequence, std::memory_order_release);
+    return timed;
   }
 
   // Collectives entered so far.
@@ -112,6 +137,7 @@ class collective_recorder {
   };
   std::array<slot, capacity> ring_;
   std::atomic<std::uint64_t> entered_{0};
+  int group_size_ = 0;
 };
 
 }  // namespace loom::comm

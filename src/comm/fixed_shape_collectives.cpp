@@ -46,6 +46,7 @@ work_slot* acquire(process_group_state& state, const char* operation) {
 
 // Drops every reference to the caller's tensors; scratch buffers stay.
 void release(process_group_state& state, work_slot* slot) noexcept {
+  for (; slot->timed_collectives > 0; --slot->timed_collectives) collective_completed();
   slot->pending.clear();
   slot->reductions.clear();
   slot->copies.clear();
@@ -162,7 +163,7 @@ void post_all_gather(process_group_state& state, work_slot& slot, const at::Tens
     outputs.clear();
     return;
   }
-  record_emulated(state, collective_kind::all_gather, flat_in);
+  slot.timed_collectives += record_emulated(state, collective_kind::all_gather, flat_in);
   const at::Tensor wire_in = on_wire(state, flat_in);
   for (int step = 1; step < state.size; ++step) {
     const int peer = (state.rank + step) % state.size;
@@ -199,7 +200,7 @@ void post_reduce_scatter(process_group_state& state, work_slot& slot, std::size_
     const bool aliased = flat_out.data_ptr() == own.data_ptr();
     const at::Tensor arrives = aliased ? scratch(slot, index, n, flat_in) : flat_out;
     slot.reductions.push_back({flat_out, aliased ? arrives : own, -1, op});
-    record_emulated(state, collective_kind::reduce_scatter, flat_out);
+    slot.timed_collectives += record_emulated(state, collective_kind::reduce_scatter, flat_out);
     const int peer = 1 - state.rank;
     slot.arguments[0] = flat_in.narrow(0, n * peer, n);
     slot.pending.push_back(state.backend->send(slot.arguments, peer, reduce_scatter_tag));
@@ -219,7 +220,7 @@ void post_reduce_scatter(process_group_state& state, work_slot& slot, std::size_
     slot.pending.push_back(state.backend->alltoall_base(output, input, equal_splits, equal_splits, options));
     return;
   }
-  record_emulated(state, collective_kind::reduce_scatter, flat_out);
+  slot.timed_collectives += record_emulated(state, collective_kind::reduce_scatter, flat_out);
   for (int step = 1; step < state.size; ++step) {
     const int peer = (state.rank + step) % state.size;
     slot.arguments[0] = on_wire(state, flat_in.narrow(0, n * peer, n));

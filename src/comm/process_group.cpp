@@ -248,7 +248,7 @@ void install_backend(process_group_state& state, c10::intrusive_ptr<compat::c10d
   const auto timeout = effective_collective_timeout(state.options.collective_timeout);
   if (timeout.count() <= 0) return;
   auto watched = std::make_shared<group_watch>();
-  watched->recorder = std::make_shared<collective_recorder>();
+  watched->recorder = std::make_shared<collective_recorder>(state.size);
   watched->timeout = timeout;
   watched->group_name = state.group_name;
   watched->rank = state.rank;

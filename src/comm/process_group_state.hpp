@@ -50,6 +50,7 @@ struct work_slot {
   at::Tensor accumulator;                // fp32 sums of bf16/fp16 chunks, kept across uses
   std::vector<at::Tensor> arguments{at::Tensor()};  // the one-tensor list c10d's API takes
   std::vector<std::vector<at::Tensor>> list_arguments{std::vector<at::Tensor>()};
+  int timed_collectives = 0;  // emulated ones in flight under communication timing (traffic.hpp)
 };
 
 struct process_group_state {
@@ -85,11 +86,11 @@ struct process_group_state {
 // recorded for the watchdog as the collective it is. `chunk` is this rank's
 // part (an all-gather's input, a reduce-scatter's output): the payload is
 // the group's size of them.
-inline void record_emulated(process_group_state& state, collective_kind kind, const at::Tensor& chunk) {
+// Returns whether it is timed (collective_completed() is then owed once its
+// messages have arrived).
+[[nodiscard]] inline bool record_emulated(process_group_state& state, collective_kind kind, const at::Tensor& chunk) {
   state.emulated_collectives.fetch_add(1, std::memory_order_relaxed);
-  if (state.watch) {
-    state.watch->recorder->record(kind, &chunk, all_chunks(bytes_of(chunk), state.size));
-  }
+  return state.watch && state.watch->recorder->record(kind, &chunk, all_chunks(bytes_of(chunk), state.size));
 }
 
 // Refuses a tensor that is not on the group's device (group_options::device),

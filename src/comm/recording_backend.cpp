@@ -2,6 +2,8 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <chrono>
+#include <mutex>
 #include <sstream>
 
 namespace loom::comm {
@@ -15,12 +17,81 @@ struct atomic_traffic_count {
   std::atomic<std::uint64_t> payload_bytes{0};
 };
 std::array<atomic_traffic_count, collective_kinds> process_traffic;
+
+// The union of the intervals during which collectives were in flight: a
+// count of those open, when the count last rose from 0, and the closed
+// total. Begin and end come from different threads (the caller, Gloo's
+// completion): a mutex, taken only while timing or tracing is on (it
+// guards the trace too).
+std::atomic<bool> timing_on{false};
+std::atomic<std::vector<traced_collective>*> trace_sink{nullptr};
+struct in_flight_clock {
+  std::mutex mutex;
+  int open = 0;
+  std::int64_t since_ns = 0;
+  std::int64_t total_ns = 0;
+};
+in_flight_clock in_flight;
+
+std::int64_t now_ns() noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// A timed collective ends when its work completes (its future's callback,
+// on the thread that completes it); a work without a future ends now.
+void complete_with(const c10::intrusive_ptr<c10d::Work>& work) noexcept {
+  try {
+    work->getFuture()->addCallback([](c10::ivalue::Future&) { collective_completed(); });
+  } catch (...) {
+    collective_completed();
+  }
+}
+
+template <class Call>
+c10::intrusive_ptr<c10d::Work> run_timed(bool timed, Call&& call) {
+  if (!timed) return call();
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = call();
+  } catch (...) {
+    collective_completed();
+    throw;
+  }
+  complete_with(work);
+  return work;
+}
 }  // namespace
 
-void note_traffic(collective_kind kind, std::uint64_t payload_bytes) noexcept {
+bool note_traffic(collective_kind kind, std::uint64_t payload_bytes, int group_size) noexcept {
   auto& count = process_traffic[static_cast<std::size_t>(kind)];
   count.collectives.fetch_add(1, std::memory_order_relaxed);
   count.payload_bytes.fetch_add(payload_bytes, std::memory_order_relaxed);
+  const bool timed = timing_on.load(std::memory_order_relaxed);
+  std::vector<traced_collective>* trace = trace_sink.load(std::memory_order_relaxed);
+  if (!timed && trace == nullptr) return false;
+  std::lock_guard<std::mutex> lock(in_flight.mutex);
+  if (trace != nullptr) {
+    try {
+      trace->push_back({kind, payload_bytes, group_size});
+    } catch (...) {
+      // Out of memory: the trace misses one; the collective goes on.
+    }
+  }
+  if (timed && in_flight.open++ == 0) in_flight.since_ns = now_ns();
+  return timed;
+}
+
+void collective_completed() noexcept {
+  std::lock_guard<std::mutex> lock(in_flight.mutex);
+  if (--in_flight.open == 0) in_flight.total_ns += now_ns() - in_flight.since_ns;
+}
+
+void time_collectives(bool on) noexcept { timing_on.store(on, std::memory_order_relaxed); }
+
+void trace_collectives(std::vector<traced_collective>* trace) noexcept {
+  std::lock_guard<std::mutex> lock(in_flight.mutex);  // no append is under way once it returns
+  trace_sink.store(trace, std::memory_order_relaxed);
 }
 
 traffic traffic_so_far() noexcept {
@@ -29,6 +100,8 @@ traffic traffic_so_far() noexcept {
     now.by_kind[k] = {process_traffic[k].collectives.load(std::memory_order_relaxed),
                       process_traffic[k].payload_bytes.load(std::memory_order_relaxed)};
   }
+  std::lock_guard<std::mutex> lock(in_flight.mutex);
+  now.in_flight_ns = in_flight.total_ns + (in_flight.open > 0 ? now_ns() - in_flight.since_ns : 0);
   return now;
 }
 
@@ -108,77 +181,80 @@ recording_backend::recording_backend(c10::intrusive_ptr<compat::c10d_backend> in
 
 c10::intrusive_ptr<c10d::Work> recording_backend::broadcast(std::vector<at::Tensor>& tensors,
                                                             const c10d::BroadcastOptions& opts) {
-  recorder_->record(collective_kind::broadcast, first(tensors), bytes_of(tensors));
-  return inner_->broadcast(tensors, opts);
+  const bool timed = recorder_->record(collective_kind::broadcast, first(tensors), bytes_of(tensors));
+  return run_timed(timed, [&] { return inner_->broadcast(tensors, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> recording_backend::allreduce(std::vector<at::Tensor>& tensors,
                                                             const c10d::AllreduceOptions& opts) {
-  recorder_->record(collective_kind::all_reduce, first(tensors), bytes_of(tensors));
-  return inner_->allreduce(tensors, opts);
+  const bool timed = recorder_->record(collective_kind::all_reduce, first(tensors), bytes_of(tensors));
+  return run_timed(timed, [&] { return inner_->allreduce(tensors, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> recording_backend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                       const c10d::AllreduceCoalescedOptions& opts) {
-  recorder_->record(collective_kind::all_reduce_coalesced, first(tensors), bytes_of(tensors));
-  return inner_->allreduce_coalesced(tensors, opts);
+  const bool timed = recorder_->record(collective_kind::all_reduce_coalesced, first(tensors), bytes_of(tensors));
+  return run_timed(timed, [&] { return inner_->allreduce_coalesced(tensors, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> recording_backend::reduce(std::vector<at::Tensor>& tensors,
                                                          const c10d::ReduceOptions& opts) {
-  recorder_->record(collective_kind::reduce, first(tensors), bytes_of(tensors));
-  return inner_->reduce(tensors, opts);
+  const bool timed = recorder_->record(collective_kind::reduce, first(tensors), bytes_of(tensors));
+  return run_timed(timed, [&] { return inner_->reduce(tensors, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> recording_backend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                             std::vector<at::Tensor>& inputs,
                                                             const c10d::AllgatherOptions& opts) {
-  recorder_->record(collective_kind::all_gather, first(inputs), all_chunks(bytes_of(inputs), getSize()));
-  return inner_->allgather(outputs, inputs, opts);
+  const bool timed =
+      recorder_->record(collective_kind::all_gather, first(inputs), all_chunks(bytes_of(inputs), getSize()));
+  return run_timed(timed, [&] { return inner_->allgather(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> recording_backend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                   const c10d::AllgatherOptions& opts) {
-  recorder_->record(collective_kind::all_gather, &input, bytes_of(output));
-  return inner_->_allgather_base(output, input, opts);
+  const bool timed = recorder_->record(collective_kind::all_gather, &input, bytes_of(output));
+  return run_timed(timed, [&] { return inner_->_allgather_base(output, input, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> recording_backend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                       std::vector<at::Tensor>& inputs,
                                                                       const c10d::AllgatherOptions& opts) {
-  recorder_->record(collective_kind::all_gather_coalesced, first(inputs),
+  const bool timed = recorder_->record(collective_kind::all_gather_coalesced, first(inputs),
                     all_chunks(bytes_of(inputs), getSize()));
-  return inner_->allgather_coalesced(outputs, inputs, opts);
+  return run_timed(timed, [&] { return inner_->allgather_coalesced(outputs, inputs, opts); });
 }
 
 // The root passes lists the others do not: dtype only.
 c10::intrusive_ptr<c10d::Work> recording_backend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::GatherOptions& opts) {
-  recorder_->record(collective_kind::gather, first(inputs), all_chunks(bytes_of(inputs), getSize()),
+  const bool timed = recorder_->record(collective_kind::gather, first(inputs), all_chunks(bytes_of(inputs), getSize()),
                     /*compare_shape=*/false);
-  return inner_->gather(outputs, inputs, opts);
+  return run_timed(timed, [&] { return inner_->gather(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> recording_backend::scatter(std::vector<at::Tensor>& outputs,
                                                           std::vector<std::vector<at::Tensor>>& inputs,
                                                           const c10d::ScatterOptions& opts) {
-  recorder_->record(collective_kind::scatter, first(outputs), all_chunks(bytes_of(outputs), getSize()),
+  const bool timed =
+      recorder_->record(collective_kind::scatter, first(outputs), all_chunks(bytes_of(outputs), getSize()),
                     /*compare_shape=*/false);
-  return inner_->scatter(outputs, inputs, opts);
+  return run_timed(timed, [&] { return inner_->scatter(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> recording_backend::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                  std::vector<std::vector<at::Tensor>>& inputs,
                                                                  const c10d::ReduceScatterOptions& opts) {
-  recorder_->record(collective_kind::reduce_scatter, first(outputs), all_chunks(bytes_of(outputs), getSize()));
-  return inner_->reduce_scatter(outputs, inputs, opts);
+  const bool timed = recorder_->record(collective_kind::reduce_scatter, first(outputs),
+                                       all_chunks(bytes_of(outputs), getSize()));
+  return run_timed(timed, [&] { return inner_->reduce_scatter(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> recording_backend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                        const c10d::ReduceScatterOptions& opts) {
-  recorder_->record(collective_kind::reduce_scatter, &output, bytes_of(input));
-  return inner_->_reduce_scatter_base(output, input, opts);
+  const bool timed = recorder_->record(collective_kind::reduce_scatter, &output, bytes_of(input));
+  return run_timed(timed, [&] { return inner_->_reduce_scatter_base(output, input, opts); });
 }
 
 // Splits may differ by rank: dtype only.
@@ -186,15 +262,16 @@ c10::intrusive_ptr<c10d::Work> recording_backend::alltoall_base(at::Tensor& outp
                                                                 std::vector<int64_t>& output_splits,
                                                                 std::vector<int64_t>& input_splits,
                                                                 const c10d::AllToAllOptions& opts) {
-  recorder_->record(collective_kind::all_to_all, &input, bytes_of(input), /*compare_shape=*/false);
-  return inner_->alltoall_base(output, input, output_splits, input_splits, opts);
+  const bool timed = recorder_->record(collective_kind::all_to_all, &input, bytes_of(input), /*compare_shape=*/false);
+  return run_timed(timed, [&] { return inner_->alltoall_base(output, input, output_splits, input_splits, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> recording_backend::alltoall(std::vector<at::Tensor>& outputs,
                                                            std::vector<at::Tensor>& inputs,
                                                            const c10d::AllToAllOptions& opts) {
-  recorder_->record(collective_kind::all_to_all, first(inputs), bytes_of(inputs), /*compare_shape=*/false);
-  return inner_->alltoall(outputs, inputs, opts);
+  const bool timed =
+      recorder_->record(collective_kind::all_to_all, first(inputs), bytes_of(inputs), /*compare_shape=*/false);
+  return run_timed(timed, [&] { return inner_->alltoall(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> recording_backend::send(std::vector<at::Tensor>& tensors, int destination, int tag) {
@@ -210,12 +287,12 @@ c10::intrusive_ptr<c10d::Work> recording_backend::recvAnysource(std::vector<at::
 }
 
 c10::intrusive_ptr<c10d::Work> recording_backend::barrier(const c10d::BarrierOptions& opts) {
-  recorder_->record(collective_kind::barrier, nullptr, std::uint64_t{0});
-  return inner_->barrier(opts);
+  const bool timed = recorder_->record(collective_kind::barrier, nullptr, std::uint64_t{0});
+  return run_timed(timed, [&] { return inner_->barrier(opts); });
 }
 
 void recording_backend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
-  recorder_->record(collective_kind::barrier, nullptr, std::uint64_t{0});
+  const timed_collective timing(recorder_->record(collective_kind::barrier, nullptr, std::uint64_t{0}));
   inner_->monitoredBarrier(opts, wait_all_ranks);
 }
 

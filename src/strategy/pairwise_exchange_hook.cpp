@@ -62,9 +62,9 @@ void pairwise_exchange_hook::run() {
         incoming_ = at::empty({buffer.numel()}, buffer.options());
       }
       // A two-rank all-reduce built from send/recv: the watchdog sees it as one.
-      if (group_->watch) {
-        group_->watch->recorder->record(comm::collective_kind::all_reduce, &buffer, comm::bytes_of(buffer));
-      }
+      const comm::timed_collective timing(
+          group_->watch &&
+          group_->watch->recorder->record(comm::collective_kind::all_reduce, &buffer, comm::bytes_of(buffer)));
       std::vector<at::Tensor> outgoing{buffer};
       std::vector<at::Tensor> received{incoming_.narrow(0, 0, buffer.numel())};
       try {

@@ -14,12 +14,20 @@
 //     output);
 //   all_to_all: this rank's input; barrier: none.
 // One count per collective entered, whatever algorithm carries it (Gloo's,
-// or loom's point-to-point emulation). No torch headers.
+// or loom's point-to-point emulation).
+//
+// Communication time, when asked for (time_collectives): the wall time
+// during which at least one of this process's collectives was in flight --
+// entered, and its work not yet complete (Gloo's threads, loom's emulation
+// waiting for its messages). Overlapped collectives count once. It is not
+// the time the training thread waited: a collective overlapped with the
+// backward pass counts in full. No torch headers.
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace loom::comm {
 
@@ -48,6 +56,7 @@ struct traffic_count {
 
 struct traffic {
   std::array<traffic_count, collective_kinds> by_kind{};
+  std::int64_t in_flight_ns = 0;  // communication time (0 unless time_collectives(true))
 
   const traffic_count& operator[](collective_kind kind) const noexcept {
     return by_kind[static_cast<std::size_t>(kind)];
@@ -65,6 +74,7 @@ struct traffic {
       by_kind[k].collectives += other.by_kind[k].collectives;
       by_kind[k].payload_bytes += other.by_kind[k].payload_bytes;
     }
+    in_flight_ns += other.in_flight_ns;
     return *this;
   }
   // What happened between two snapshots (later - earlier).
@@ -74,6 +84,7 @@ struct traffic {
       difference.by_kind[k] = {later.by_kind[k].collectives - earlier.by_kind[k].collectives,
                                later.by_kind[k].payload_bytes - earlier.by_kind[k].payload_bytes};
     }
+    difference.in_flight_ns = later.in_flight_ns - earlier.in_flight_ns;
     return difference;
   }
 };
@@ -81,5 +92,24 @@ struct traffic {
 // This process's totals so far (relaxed reads: exact once the collectives
 // measured have been entered on this thread).
 traffic traffic_so_far() noexcept;
+
+// One collective as a trace holds it: its kind, payload and group size.
+struct traced_collective {
+  collective_kind kind = collective_kind::barrier;
+  std::uint64_t payload_bytes = 0;
+  int group_size = 0;  // ranks of the group it ran on (0: not known)
+};
+
+// While a trace is set, every collective this process enters is appended to
+// it, in the order entered (any thread; under a lock). For measurement:
+// appending allocates. Set nullptr to stop before reading it.
+void trace_collectives(std::vector<traced_collective>* trace) noexcept;
+
+// Turns communication timing on or off for this process (off at start).
+// On, each collective entered gets a completion callback on its work (one
+// allocation per collective): a measurement's cost, which training without
+// it does not pay (off: one relaxed load per collective). Collectives
+// already in flight when it is turned off are still timed to completion.
+void time_collectives(bool on) noexcept;
 
 }  // namespace loom::comm
