@@ -2,7 +2,9 @@
 # bench/benchmarks_doc.sh BUILD_DIR: docs/benchmarks.md's measured part, from
 # one run of loom-bench on this machine: the one-rank overhead
 # (--one-rank-overhead), the default matrix at 1 and 2 ranks with the
-# PyTorch peers, and its plot (docs/loom-bench.svg, loom-plot --bench).
+# PyTorch peers, the network model fitted in the run, its validation and
+# its projection (--network fit --project), and the plot
+# (docs/loom-bench.svg, loom-plot --bench).
 # Everything above the file's marker line stays as written; everything
 # below it is replaced. The machine, OS, compiler and LibTorch are named.
 # The last line is loom-bench's own: worst_one_rank_ratio=R strategy=NAME.
@@ -18,7 +20,8 @@ trap 'rm -rf "$work"' EXIT
 cd "$work"
 "$build/tools/loom-bench" --one-rank-overhead --out one > one.txt 2> one.err ||
   { cat one.err >&2; exit 1; }
-"$build/tools/loom-bench" --world-sizes 1,2 --out matrix > matrix.txt 2> matrix.err ||
+"$build/tools/loom-bench" --world-sizes 1,2 --network fit --project "$root/tools/bench/networks/infiniband-200g.json" \
+  --out matrix > matrix.txt 2> matrix.err ||
   { cat matrix.err >&2; exit 1; }
 "$build/tools/loom-plot" --bench matrix/loom-bench.csv -o "$root/docs/loom-bench.svg" \
   --title "loom-bench: the default matrix at 1 and 2 ranks" 2>&1 >&2
@@ -45,11 +48,10 @@ torch=$(awk '/^#define TORCH_VERSION_(MAJOR|MINOR|PATCH) / { v = v (v == "" ? ""
   echo
   echo "### The default matrix at 1 and 2 ranks"
   echo
-  echo '`loom-bench --world-sizes 1,2` (first line of its output, then its table):'
+  echo '`loom-bench --world-sizes 1,2 --network fit --project tools/bench/networks/infiniband-200g.json`'
+  echo '(its output from its first line, without the files it names):'
   echo
-  head -n 1 matrix.txt
-  echo
-  grep '^|' matrix.txt
+  grep -v '^written: ' matrix.txt
   echo
   echo '![the matrix: step split, payload and state per rank](loom-bench.svg)'
 } > "$work/benchmarks.md"

@@ -13,6 +13,22 @@
 #   padded to a multiple of 3, for FSDP and ZeRO too; so does every cell's
 #   model state per rank (a counting allocator), but ddp's, which has no
 #   formula yet (its Reducer's buckets).
+# - Communication: every loom cell with collectives at 2 ranks has a
+#   communication time in flight, its step's collectives replayed alone and
+#   the alpha-beta model's prediction (--network fit: fitted in the run);
+#   its one-step trace carries the payload the counters saw; the wire bytes
+#   are the algorithms' (all_reduce's ring: 2(N-1)/N, loom's pairwise
+#   exchange: (N-1)/N); the validation ends with its summary line; the
+#   projection on the stated cluster (2 us, 200 Gb/s) equals the model's
+#   formula, recomputed here from the trace, and leaves model_parallel and
+#   hybrid sharding (groups that are not the world) out.
+# - --fit-network writes a network file --network reads back; a file that
+#   is not one is refused before anything runs, saying what is expected.
+# - A model library (the char transformer's, examples/char_transformer_bench.cpp,
+#   through loom/util/bench_model.hpp's entry point) trains under raw, ddp,
+#   fsdp and model_parallel at 2 ranks, the header names it, and it has no
+#   formula (the formulas are the MLP's); a library that is not one is
+#   refused with what is expected.
 # - loom-plot --bench draws the matrix's CSV: an SVG with one bar row per
 #   measured cell.
 # - `loom-run --devices 2 bench` runs one world size the way loom-run starts
@@ -24,18 +40,23 @@ set -eu
 bench=$(realpath "$1")
 loom_run=$(realpath "$2")
 loom_plot=$(realpath "$3")
+cluster=$(realpath "$4")
+model_library=${5:+$(realpath "$5")}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
 small="--widths 16,32,32,32,4 --batch 8 --steps 10 --warmup 2 --block 5"
 
-timeout 100 "$bench" $small --world-sizes 1,2 --out matrix > matrix.txt 2> matrix.err ||
+timeout 100 "$bench" $small --world-sizes 1,2 --replays 4 --network fit --project "$cluster" --out matrix \
+  > matrix.txt 2> matrix.err ||
   { cat matrix.txt matrix.err; echo "FAIL: loom-bench (default matrix) failed"; exit 1; }
 cat matrix.txt
 /usr/bin/python3 - matrix.txt matrix/loom-bench.csv matrix/loom-bench.json <<'EOF'
 import csv, json, sys
 table, csv_path, json_path = sys.argv[1:]
-rows = [l for l in open(table) if l.startswith("| ") and not l.startswith("| cell ")]
+text = open(table).read()
+# The first table has one row per cell.
+rows = [l for l in text[text.index("| cell |"):].split("\n\n")[0].splitlines()[2:] if l.startswith("| ")]
 cells = json.load(open(json_path))["cells"]
 lines = list(csv.DictReader(open(csv_path)))
 problems = []
@@ -78,6 +99,22 @@ for c in cells:
         problems.append(f"{where}: model state {c['state_bytes']} bytes, formula {c['state_formula_bytes']}")
     if c["world_size"] == 2 and c["cell"] not in ("raw", "parallel") and c["collectives_per_step"] < 1:
         problems.append(f"{where}: no collective recorded")
+    # The trace of one step carries the payload the counters saw per step;
+    # the wire estimate is each kind's algorithm at N ranks.
+    traced = sum(p for _, p in c["step_collectives"])
+    if traced != c["payload_bytes_per_step"] or len(c["step_collectives"]) != c["collectives_per_step"]:
+        problems.append(f"{where}: one step's trace {c['step_collectives']} against "
+                        f"{c['collectives_per_step']} collectives, {c['payload_bytes_per_step']} bytes per step")
+    n = c["world_size"]
+    factor = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n,
+              "broadcast": (n - 1) / n}
+    wire = sum(factor[k] * p for k, p in c["step_collectives"])
+    if abs(wire - c["wire_bytes_per_step"]) > 1:
+        problems.append(f"{where}: wire bytes {c['wire_bytes_per_step']}, the algorithms say {wire}")
+    if n == 2 and c["collectives_per_step"] > 0 and c["cell"] != "parallel":
+        if not (c["comm_in_flight_ms"] > 0 and (c["comm_alone_ms"] or 0) > 0 and (c["predicted_comm_ms"] or 0) > 0):
+            problems.append(f"{where}: communication in flight {c['comm_in_flight_ms']}, alone "
+                            f"{c['comm_alone_ms']}, model {c['predicted_comm_ms']}")
 for c in cells:
     if c["cell"] == "single_device" and c["world_size"] == 1 and c["vs_single_device"] != 1.0:
         problems.append(f"single_device against itself: {c['vs_single_device']}")
@@ -93,6 +130,98 @@ print("\n".join(problems) if problems else f"matrix: {len(cells)} cells in the t
 sys.exit(1 if problems else 0)
 EOF
 
+/usr/bin/python3 - matrix.txt matrix/loom-bench.json matrix/network-2.json <<'EOF'
+import json, sys
+text, cells, fitted = open(sys.argv[1]).read(), json.load(open(sys.argv[2]))["cells"], json.load(open(sys.argv[3]))
+problems = []
+with_collectives = [c for c in cells if c["world_size"] == 2 and not c["refused"] and not c["peer"]
+                    and c["collectives_per_step"] > 0]
+summary = [l for l in text.splitlines() if l.startswith("alpha_beta_within_25pct=")]
+if len(summary) != 1 or not summary[0].split()[0].endswith(f"/{len(with_collectives)}"):
+    problems.append(f"validation summary {summary} for {len(with_collectives)} cells with collectives")
+if set(fitted["collectives"]) != {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier"} or \
+        len(fitted["samples"]) != 4 * 13 + 1:
+    problems.append(f"the fitted network: {sorted(fitted['collectives'])}, {len(fitted['samples'])} samples")
+# The projection: 2 us per message step, 200 Gb/s; ring all_reduce: 2(N-1) steps, 2(N-1)/N of the
+# payload sent; pairwise exchange: N-1 and (N-1)/N.
+alpha, beta = 2e-6, 8e-9 / 200
+def projected(c, n):
+    algorithm = {"all_reduce": (2 * (n - 1), 2 * (n - 1) / n), "all_gather": (n - 1, (n - 1) / n),
+                 "reduce_scatter": (n - 1, (n - 1) / n)}
+    return sum(algorithm[k][0] * alpha + algorithm[k][1] * p * beta for k, p in c["step_collectives"]) * 1e3
+block = text[text.index("PROJECTION, not a measurement"):]
+rows = {l.split(" | ")[0][2:]: l for l in block.splitlines() if l.startswith("| ") and not l.startswith("| cell")}
+for c in with_collectives:
+    name = f"{c['cell']} ({c['precision']})"
+    if c["cell"].startswith("model_parallel") or "HYBRID" in c["cell"]:
+        if name in rows:
+            problems.append(f"{name} (groups that are not the world) was projected")
+        continue
+    if name not in rows:
+        problems.append(f"no projection of {name}")
+        continue
+    printed = [float(v) for v in rows[name].strip("| ").split(" | ")[1:]]
+    expected = [projected(c, n) for n in (8, 16, 32, 64, 128, 256, 512, 1024)]
+    if len(printed) != 8 or any(abs(p - e) > 0.0006 for p, e in zip(printed, expected)):
+        problems.append(f"{name}: projected {printed}, the formula says {[round(e, 3) for e in expected]}")
+print("\n".join(problems) if problems else
+      f"communication: {len(with_collectives)} cells validated and projected; {summary[0]}")
+sys.exit(1 if problems else 0)
+EOF
+
+timeout 60 "$loom_run" --devices 2 "$bench" --fit-network fitted.json > fit.txt 2>&1 ||
+  { cat fit.txt; echo "FAIL: --fit-network failed"; exit 1; }
+timeout 60 "$bench" $small --world-sizes 2 --strategies raw,fsdp --replays 2 --network fitted.json --out '' \
+  > with-file.txt 2>&1 || { cat with-file.txt; echo "FAIL: --network FILE failed"; exit 1; }
+grep -q '^alpha_beta_within_25pct=[0-9]/1 ' with-file.txt ||
+  { cat with-file.txt; echo "FAIL: --network FILE: no validation of fsdp"; exit 1; }
+echo '{"name": "bad", "other": {"alpha_us": -1, "bandwidth_gbit_s": 200}}' > bad-network.json
+status=0
+timeout 30 "$bench" --network bad-network.json --out '' > bad-network.txt 2>&1 || status=$?
+if [ "$status" -eq 0 ] || ! grep -q "alpha_us and bandwidth_gbit_s must be finite numbers >= 0" bad-network.txt; then
+  cat bad-network.txt
+  echo "FAIL: a bad network file was not refused up front (exit $status)"
+  exit 1
+fi
+echo "--fit-network: a network file --network reads back; a bad one is refused"
+
+if [ -n "$model_library" ]; then
+  timeout 60 "$bench" --model-library "$model_library" --model-options layers=1,dim=32,heads=2,context=16 \
+    --batch 4 --steps 6 --warmup 1 --block 3 --replays 2 --world-sizes 2 --strategies raw,ddp,fsdp,model_parallel \
+    --out library > library.txt 2>&1 || { cat library.txt; echo "FAIL: loom-bench --model-library failed"; exit 1; }
+  /usr/bin/python3 - library.txt library/loom-bench.json <<'EOF'
+import json, sys
+text, cells = open(sys.argv[1]).read(), json.load(open(sys.argv[2]))["cells"]
+problems = []
+header = [l for l in text.splitlines() if l.startswith("loom-bench on ")]
+if not header or "char transformer: 1 block(s), dim 32, 2 heads, context 16 bytes" not in header[0]:
+    problems.append(f"the header does not name the library's model: {header}")
+for c in cells:
+    where = f"{c['cell']} (model library)"
+    if c["refused"] or c["steps"] != 6 or c["step_ms"]["median"] <= 0:
+        problems.append(f"{where}: refused {c['refused']!r}, steps {c['steps']}")
+    elif c["payload_formula_bytes"] is not None or c["state_formula_bytes"] is not None:
+        problems.append(f"{where}: a formula for a model that has none")
+    elif c["cell"] != "raw" and (c["collectives_per_step"] < 1 or sum(p for _, p in c["step_collectives"]) !=
+                                 c["payload_bytes_per_step"]):
+        problems.append(f"{where}: collectives {c['collectives_per_step']}, trace {c['step_collectives']}")
+if sorted(c["cell"] for c in cells) != ["ddp", "fsdp", "model_parallel", "raw"]:
+    problems.append(f"cells: {[c['cell'] for c in cells]}")
+print("\n".join(problems) if problems else "model library: the char transformer trains under 4 cells at 2 ranks")
+sys.exit(1 if problems else 0)
+EOF
+  status=0
+  timeout 30 "$bench" --model-library "$loom_run" --world-sizes 1 --strategies raw --steps 2 --out '' \
+    > not-library.txt 2>&1 || status=$?
+  if [ "$status" -eq 0 ] || ! grep -q "cannot be loaded" not-library.txt; then
+    cat not-library.txt
+    echo "FAIL: a file that is not a model library was not refused (exit $status)"
+    exit 1
+  fi
+else
+  echo "model library: not built (examples off), not run"
+fi
+
 timeout 30 "$loom_plot" --bench matrix/loom-bench.csv -o matrix.svg ||
   { echo "FAIL: loom-plot --bench failed"; exit 1; }
 /usr/bin/python3 - matrix.svg matrix/loom-bench.json <<'EOF'
@@ -107,9 +236,9 @@ EOF
 
 timeout 60 "$loom_run" --devices 2 bench $small --strategies raw,ddp,fsdp --out '' > launched.txt 2>&1 ||
   { cat launched.txt; echo "FAIL: loom-run --devices 2 bench failed"; exit 1; }
-if [ "$(grep -c '^| ' launched.txt)" -ne 4 ] || [ "$(grep -c '^| ddp | 32-true | 2 |' launched.txt)" -ne 1 ]; then
+if [ "$(grep -c '^| ' launched.txt)" -ne 8 ] || [ "$(grep -c '^| ddp | 32-true | 2 |' launched.txt)" -ne 2 ]; then
   cat launched.txt
-  echo "FAIL: loom-run bench: not one table of 3 cells at 2 ranks (rank 0 alone prints)"
+  echo "FAIL: loom-run bench: not the two tables of 3 cells at 2 ranks (rank 0 alone prints)"
   exit 1
 fi
 echo "loom-run bench: one table, 3 cells at 2 ranks"

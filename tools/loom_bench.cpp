@@ -2,12 +2,17 @@
 // matrix of cells -- strategies (registered names, with options) x
 // precisions x world sizes -- each training the same model side by side;
 // per cell the step time (median, p10, p90), its split, throughput, and the
-// ratios to the raw LibTorch loop and to single_device. A Markdown table on
-// stdout, CSV and JSON files (docs/benchmarks.md).
+// ratios to the raw LibTorch loop and to single_device, communication
+// (payload, wire bytes, time in flight, alone, and as the network model
+// predicts it) and memory. Markdown tables on stdout, CSV and JSON files
+// (docs/benchmarks.md).
 //
 //   loom-bench                                   every strategy and the PyTorch peers, 1 and 2 ranks
 //   loom-bench --strategies ddp,fsdp --world-sizes 2,4 --precisions 32-true,bf16-mixed
 //   loom-bench --one-rank-overhead               every strategy at one rank against single_device
+//   loom-bench --world-sizes 2 --network fit --project NETWORK.json
+//                                                the alpha-beta model: fitted, checked, projected
+//   loom-bench --fit-network FILE                loom's collective microbenchmarks, fitted, to a file
 //   loom-run --devices 2 bench [OPTIONS]         one world size, started by loom-run (or mpirun, torchrun)
 //
 // Started by a launcher, it is one world size's worker set and rank 0
@@ -16,6 +21,9 @@
 // (Not bench/loom_bench: that Google Benchmark binary keeps its name and its
 // role, the paired per-step ratios against the raw loop.)
 #include "bench/cell.hpp"
+#include "bench/network_fit.hpp"
+#include "bench/network_model.hpp"
+#include "bench/network_report.hpp"
 #include "bench/results.hpp"
 #include "bench/worker.hpp"
 
@@ -26,14 +34,19 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cmath>
 #include <cstdio>
+#include <optional>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <iostream>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 namespace {
 
@@ -45,6 +58,10 @@ struct arguments {
   std::string out = "loom-bench";
   std::string results;  // a worker set's results file (given by the driver)
   bool one_rank_overhead = false;
+  std::string fit_network;   // --fit-network FILE: the collective microbenchmarks, fitted
+  std::string network;       // --network FILE: predict each cell's communication time
+  std::string project;       // --project FILE: the network to project onto
+  std::string project_ranks = "8,16,32,64,128,256,512,1024";
   loom_bench::worker_options worker;
 };
 
@@ -87,14 +104,24 @@ std::vector<std::int64_t> numbers(const std::string& text, const char* what) {
 }
 
 // The report: the table, the files, and what every run must say.
-void report(std::vector<loom_bench::cell_result> results, const arguments& args) {
+void report(std::vector<loom_bench::cell_result> results, const arguments& args,
+            const std::map<int, loom_bench::network>& fitted = {}) {
   loom_bench::compare(results);
+  // The network model per world size: fitted in the run, or the file's.
+  std::map<int, loom_bench::network> models = fitted;
+  if (!args.network.empty() && args.network != "fit") {
+    const auto net = loom_bench::read_network(args.network);
+    for (const auto& r : results) models.emplace(r.world_size, net);
+  }
+  loom_bench::predict(results, models);
   // glibc's malloc settings change CPU step times by tens of percent
   // (docs/launching.md): the report names them.
   const std::string tunables = loom::cluster::setting_text("GLIBC_TUNABLES").value_or("");
-  std::printf("loom-bench on %s; MLP %s, batch %lld per data-parallel rank, Adam, %d measured steps per cell "
+  const std::string model = !results.empty() && !results.front().model.empty() ? results.front().model
+                                                                               : "MLP " + args.widths;
+  std::printf("loom-bench on %s; %s, batch %lld per data-parallel rank, Adam, %d measured steps per cell "
               "(after %d), interleaved in blocks of %d; denormals flushed to zero in every cell; malloc: %s\n\n",
-              machine().c_str(), args.widths.c_str(), static_cast<long long>(args.worker.batch_per_rank),
+              machine().c_str(), model.c_str(), static_cast<long long>(args.worker.batch_per_rank),
               args.worker.steps, args.worker.warmup, args.worker.block,
               tunables.empty() ? "glibc's defaults" : ("GLIBC_TUNABLES=" + tunables).c_str());
   std::ostringstream table;
@@ -107,6 +134,12 @@ void report(std::vector<loom_bench::cell_result> results, const arguments& args)
     std::ofstream json(args.out + "/loom-bench.json");
     loom_bench::write_json(json, results, machine());
     std::printf("\nwritten: %s/loom-bench.csv, %s/loom-bench.json\n", args.out.c_str(), args.out.c_str());
+  }
+  for (const auto& [world_size, net] : fitted) loom_bench::print_fit(net);
+  if (!models.empty()) loom_bench::print_validation(results, models);
+  if (!args.project.empty()) {
+    loom_bench::print_projection(results, loom_bench::read_network(args.project),
+                                 numbers(args.project_ranks, "--project-ranks"));
   }
   if (args.one_rank_overhead) {
     const loom_bench::cell_result* worst = nullptr;
@@ -121,16 +154,53 @@ void report(std::vector<loom_bench::cell_result> results, const arguments& args)
   std::fflush(stdout);
 }
 
+// --fit-network on the ranks a launcher started: rank 0 fits the model to
+// the microbenchmarks, writes the network file and prints both.
+int run_fit(const arguments& args) {
+  loom_bench::collective_bench bench;
+  struct {
+    int ranks;
+    std::vector<loom_bench::sample> samples;
+  } measured{bench.ranks(), bench.measure({})};
+  if (measured.samples.empty()) return 0;  // not rank 0
+  const auto net = loom_bench::fit_network(
+      measured.samples, measured.ranks,
+      "loopback: Gloo over 127.0.0.1, " + std::to_string(measured.ranks) + " ranks on " + machine() +
+          " (fitted by loom-bench --fit-network)");
+  loom_bench::print_fit(net);
+  std::ofstream out(args.fit_network);
+  loom_bench::write_network(out, net);
+  if (!out) throw std::runtime_error("the network file " + args.fit_network + " cannot be written");
+  std::printf("\nwritten: %s (use it with loom-bench --network %s)\n", args.fit_network.c_str(),
+              args.fit_network.c_str());
+  std::fflush(stdout);
+  return 0;
+}
+
 // This process is one rank of a worker set a launcher started.
 int run_worker(const arguments& args) {
-  const auto results = loom_bench::run_cells(args.worker);
+  if (!args.fit_network.empty()) return run_fit(args);
+  loom_bench::worker_options worker = args.worker;
+  // --network fit: the driver names the file; started by loom-run, a private one.
+  bool own_file = false;
+  if (args.network == "fit" && worker.fit_network.empty()) {
+    own_file = true;  // rank 0 writes it, reads it back and removes it
+    worker.fit_network = (std::filesystem::temp_directory_path() /
+                          ("loom-bench-network-" + std::to_string(::getpid()) + ".json")).string();
+  }
+  const auto results = loom_bench::run_cells(worker);
   if (results.empty()) return 0;  // not rank 0
   if (!args.results.empty()) {
     std::ofstream out(args.results);
     loom_bench::write_json(out, results, machine());
     return out ? 0 : 1;
   }
-  report(results, args);
+  std::map<int, loom_bench::network> fitted;
+  if (own_file && std::filesystem::exists(worker.fit_network)) {
+    fitted.emplace(results.front().world_size, loom_bench::read_network(worker.fit_network));
+    std::filesystem::remove(worker.fit_network);
+  }
+  report(results, args, fitted);
   return 0;
 }
 
@@ -224,34 +294,59 @@ void run_peers(const arguments& args, const std::vector<std::string>& peers, std
 int run_driver(const arguments& args) {
   const std::string self = loom::launch::own_executable();
   const std::string loom_run = (std::filesystem::path(self).parent_path() / "loom-run").string();
+  if (!args.fit_network.empty()) {
+    const auto world_size = numbers(args.world_sizes, "--world-sizes").back();
+    loom::launch::supervisor job;
+    job.start(0, {loom_run, "--accelerator", "cpu", "--devices", std::to_string(world_size), self, "--fit-network",
+                  std::filesystem::absolute(args.fit_network).string()},
+              {});
+    return job.wait_all().exit_code;
+  }
   std::vector<std::string> cells;
   std::vector<std::string> peers;
   for (const auto& cell : args.worker.cells) (loom_bench::is_peer(cell) ? peers : cells).push_back(cell);
   const std::filesystem::path script = peer_script(self);
-  const std::string unavailable = peers.empty() ? std::string() : peers_unavailable(script);
+  const std::string unavailable =
+      peers.empty()                         ? std::string()
+      : !args.worker.model_library.empty() ? "the PyTorch peers train the built-in MLP only (no --model-library)"
+                                            : peers_unavailable(script);
   const std::string scratch = loom::launch::make_private_directory("loom-bench-");
   std::vector<loom_bench::cell_result> results;
+  std::map<int, loom_bench::network> fitted;
   int status = 0;
   for (const auto world_size : numbers(args.world_sizes, "--world-sizes")) {
     if (!cells.empty()) {
       const std::string file = scratch + "/results-" + std::to_string(world_size) + ".json";
+      // --network fit: the worker set fits the model in the run (2 or more ranks).
+      const std::string fit_file = args.network == "fit" && world_size > 1
+                                       ? scratch + "/network-" + std::to_string(world_size) + ".json"
+                                       : std::string();
       std::fprintf(stderr, "loom-bench: %lld rank(s): %zu cell(s)\n", static_cast<long long>(world_size),
                    cells.size() * args.worker.precisions.size());
       loom::launch::supervisor job;
       job.start(0,
                 {loom_run, "--accelerator", "cpu", "--devices", std::to_string(world_size), self, "--strategies",
-                 join(cells), "--precisions", join(args.worker.precisions), "--widths", args.widths, "--batch",
+                 join(cells), "--precisions", join(args.worker.precisions), "--widths", args.widths,
+                 "--model-library", args.worker.model_library, "--model-options", args.worker.model_options, "--batch",
                  std::to_string(args.worker.batch_per_rank), "--steps", std::to_string(args.worker.steps),
                  "--warmup", std::to_string(args.worker.warmup), "--block", std::to_string(args.worker.block),
-                 "--results", file},
+                 "--replays", std::to_string(args.worker.replays), "--results", file, "--fit-in-run", fit_file},
                 {});
       if (!run_job(job, file, "the worker set of " + std::to_string(world_size) + " rank(s)", results)) status = 1;
+      if (!fit_file.empty() && std::filesystem::exists(fit_file)) {
+        fitted.emplace(static_cast<int>(world_size), loom_bench::read_network(fit_file));
+        if (!args.out.empty()) {
+          std::filesystem::create_directories(args.out);
+          std::filesystem::copy_file(fit_file, args.out + "/network-" + std::to_string(world_size) + ".json",
+                                     std::filesystem::copy_options::overwrite_existing);
+        }
+      }
     }
     if (!peers.empty()) run_peers(args, peers, world_size, scratch, unavailable, script, results);
   }
   loom::launch::remove_directory(scratch);
   if (results.empty()) return 1;
-  report(std::move(results), args);
+  report(std::move(results), args, fitted);
   return status;
 }
 
@@ -267,6 +362,10 @@ int main(int argc, char** argv) {
                  "(docs/configuration.md), and 'raw' (the raw LibTorch loop); default: every name this build "
                  "runs on the CPU, fsdp in each sharding strategy, model_parallel and raw");
   app.add_option("--precisions", args.precisions, "precisions, comma-separated (default 32-true)");
+  app.add_option("--model-library", args.worker.model_library,
+                 "a shared library giving the model instead of the MLP (its loom_bench_model entry point: "
+                 "loom/util/bench_model.hpp; e.g. build/examples/libloom_bench_char_transformer.so)");
+  app.add_option("--model-options", args.worker.model_options, "the options the model library is given");
   app.add_option("--world-sizes", args.world_sizes, "ranks per worker set, comma-separated")->capture_default_str();
   app.add_option("--widths", args.widths, "the MLP's widths: input,hidden...,classes (default 784,1024,1024,1024,10)");
   app.add_option("--batch", args.worker.batch_per_rank, "samples per data-parallel rank and step")
@@ -277,11 +376,29 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--block", args.worker.block, "steps a cell runs before the next cell's turn")
       ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--replays", args.worker.replays,
+                 "times each cell's collectives of one step are replayed alone (more than one rank)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--out", args.out, "directory for loom-bench.csv and loom-bench.json ('' : none)")
       ->capture_default_str();
   app.add_flag("--one-rank-overhead", args.one_rank_overhead,
                "every strategy at one rank against single_device (MLP 784-1024x3-10, Adam, 32-true); ends with "
                "worst_one_rank_ratio=R strategy=NAME");
+  app.add_option("--fit-network", args.fit_network,
+                 "measure loom's collectives (all_reduce, all_gather, reduce_scatter, broadcast, barrier; 4 KiB to "
+                 "16 MiB) on the largest of --world-sizes ranks (default 2), fit the alpha-beta model to them and "
+                 "write it to this file; runs no cells");
+  app.add_option("--network", args.network,
+                 "'fit' (fit the alpha-beta model to loom's collective microbenchmarks in this run, interleaved "
+                 "with the replays it is checked against; written to OUT/network-N.json), or a network file "
+                 "(--fit-network's, or one describing another network): each cell's communication time per step as "
+                 "the model predicts it, against its collectives replayed alone");
+  app.add_option("--project", args.project,
+                 "a network file describing a cluster (e.g. share/loom/networks/infiniband-200g.json): the model's "
+                 "communication time per step at --project-ranks, printed as a projection");
+  app.add_option("--project-ranks", args.project_ranks, "the rank counts of --project")->capture_default_str();
+  app.add_option("--fit-in-run", args.worker.fit_network, "(set by loom-bench itself) --network fit's file")
+      ->group("");
   app.add_option("--results", args.results, "(set by loom-bench itself) where a worker set writes its results")
       ->group("");
   try {
@@ -294,6 +411,28 @@ int main(int argc, char** argv) {
       args.world_sizes = "1";
       args.worker.cells = loom_bench::one_rank_cells();
     }
+    if (!args.fit_network.empty()) {
+      if (!args.strategies.empty() || !args.network.empty() || !args.project.empty() || args.one_rank_overhead) {
+        throw CLI::ValidationError("--fit-network measures collectives only: leave --strategies, --network, "
+                                   "--project and --one-rank-overhead out (fit first, then run the matrix with "
+                                   "--network FILE)");
+      }
+      if (args.world_sizes == "1,2") args.world_sizes = "2";
+      if (numbers(args.world_sizes, "--world-sizes").back() < 2) {
+        throw CLI::ValidationError("--fit-network needs 2 or more ranks (--world-sizes 2)");
+      }
+    }
+    // A network file that cannot be used is refused before anything runs.
+    for (const auto* file : {&args.network, &args.project}) {
+      if (!file->empty() && *file != "fit") {
+        try {
+          loom_bench::read_network(*file);
+        } catch (const std::exception& error) {
+          throw CLI::ValidationError(error.what());
+        }
+      }
+    }
+    numbers(args.project_ranks, "--project-ranks");
     // Under loom-run, its --strategy and --precision choose when these flags do not.
     const auto named_strategy = loom::cluster::setting_text("LT_STRATEGY");
     const auto named_precision = loom::cluster::setting_text("LT_PRECISION");
@@ -303,6 +442,13 @@ int main(int argc, char** argv) {
     if (!args.precisions.empty()) args.worker.precisions = loom_bench::split_list(args.precisions);
     else if (named_precision) args.worker.precisions = {*named_precision};
     if (args.widths.empty()) args.widths = "784,1024,1024,1024,10";
+    // Every rank loads it from where the driver found it.
+    if (!args.worker.model_library.empty()) {
+      if (!std::filesystem::exists(args.worker.model_library)) {
+        throw CLI::ValidationError("--model-library: " + args.worker.model_library + " does not exist");
+      }
+      args.worker.model_library = std::filesystem::absolute(args.worker.model_library).string();
+    }
     args.worker.widths = numbers(args.widths, "--widths");
     if (args.worker.widths.size() < 2) throw CLI::ValidationError("--widths: at least an input and an output width");
     numbers(args.world_sizes, "--world-sizes");

@@ -91,49 +91,70 @@ void compare(std::vector<cell_result>& results) {
 }
 
 void write_markdown(std::ostream& out, const std::vector<cell_result>& results) {
-  out << "| cell | precision | ranks | step ms (p10-p90) | forward | backward | optimizer | beyond raw loop ms "
-         "| samples/s | GFLOP/s | x single_device (1 rank) | x PyTorch peer | collectives/step | payload MiB/step "
-         "| payload / formula | state MiB/rank | state / formula | RSS peak MiB |\n"
-      << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  out << "Time per step (ms; rank 0). Off-CPU: the training thread's wall time off the CPU, waiting on a "
+         "collective (exposed communication) or for a core.\n\n"
+      << "| cell | precision | ranks | step ms (p10-p90) | forward | backward | optimizer | off-CPU "
+         "| beyond raw loop ms | samples/s | GFLOP/s | x single_device (1 rank) | x PyTorch peer |\n"
+      << "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& r : results) {
     out << "| " << r.label << " | " << r.precision << " | " << r.world_size << " | ";
     if (!r.refused.empty()) {
-      out << "refused: " << r.refused << " | | | | | | | | | | | | | | |\n";
+      out << "refused: " << r.refused << " | | | | | | | | | |\n";
       continue;
     }
     out << fixed(r.step_ms.median, 2) << " (" << fixed(r.step_ms.p10, 2) << "-" << fixed(r.step_ms.p90, 2) << ") | "
         << fixed(r.forward_ms, 2) << " | " << fixed(r.backward_ms, 2) << " | " << fixed(r.optimizer_ms, 2) << " | "
-        << optional_text(r.beyond_raw_ms, 2) << " | " << fixed(r.samples_per_second, 0) << " | "
-        << (r.peer ? "-" : fixed(r.flop_per_second / 1e9, 2)) << " | " << optional_text(r.vs_single_device, 3)
-        << " | " << optional_text(r.vs_peer, 3) << " | ";
-    if (r.peer) {
-      out << "- | - | - | - | - | ";
-    } else {
-      out << fixed(r.collectives_per_step, 1) << " | " << fixed(r.payload_bytes_per_step / (1 << 20), 3) << " | "
-          << formula_check(r.payload_bytes_per_step, r.payload_formula_bytes) << " | "
-          << fixed(r.state_bytes / (1 << 20), 3) << " | " << formula_check(r.state_bytes, r.state_formula_bytes)
-          << " | ";
+        << fixed(r.off_cpu_ms, 2) << " | " << optional_text(r.beyond_raw_ms, 2) << " | "
+        << fixed(r.samples_per_second, 0) << " | " << (r.peer ? "-" : fixed(r.flop_per_second / 1e9, 2)) << " | "
+        << optional_text(r.vs_single_device, 3) << " | " << optional_text(r.vs_peer, 3) << " |\n";
+  }
+  out << "\nCommunication and memory per rank (rank 0; loom's cells). Payload: the collectives' logical tensors "
+         "(loom/comm/traffic.hpp), against the strategy's formula; wire: an estimate of the bytes sent for the "
+         "algorithm each collective ran; in flight: wall time while any collective was in flight during the "
+         "steps (overlap counted once; loom's emulated collectives until the caller waits for them); alone: the "
+         "step's collectives replayed one after another with nothing else running; alpha-beta: the network "
+         "model's time for them (--network).\n\n"
+      << "| cell | precision | ranks | collectives/step | payload MiB/step | payload / formula | wire MiB/step "
+         "| comm in flight ms/step | comm alone ms/step | alpha-beta ms/step | alpha-beta / alone | state MiB/rank "
+         "| state / formula | RSS peak MiB |\n"
+      << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto& r : results) {
+    if (!r.refused.empty() || r.peer) continue;
+    std::optional<double> model_ratio;
+    if (r.predicted_comm_ms && r.comm_alone_ms && *r.comm_alone_ms > 0) {
+      model_ratio = *r.predicted_comm_ms / *r.comm_alone_ms;
     }
-    out << fixed(r.rss_peak_mib, 0) << " |\n";
+    out << "| " << r.label << " | " << r.precision << " | " << r.world_size << " | " << fixed(r.collectives_per_step, 1)
+        << " | " << fixed(r.payload_bytes_per_step / (1 << 20), 3) << " | "
+        << formula_check(r.payload_bytes_per_step, r.payload_formula_bytes) << " | "
+        << fixed(r.wire_bytes_per_step / (1 << 20), 3) << " | " << fixed(r.comm_in_flight_ms, 2) << " | "
+        << optional_text(r.comm_alone_ms, 2) << " | " << optional_text(r.predicted_comm_ms, 2) << " | "
+        << optional_text(model_ratio, 3) << " | "
+        << fixed(r.state_bytes / (1 << 20), 3) << " | " << formula_check(r.state_bytes, r.state_formula_bytes) << " | "
+        << fixed(r.rss_peak_mib, 0) << " |\n";
   }
 }
 
 void write_csv(std::ostream& out, const std::vector<cell_result>& results) {
   out << "cell,precision,world_size,refused,steps,step_ms_median,step_ms_p10,step_ms_p90,forward_ms,backward_ms,"
-         "optimizer_ms,beyond_raw_ms,samples_per_second,flop_per_second,vs_single_device,vs_peer,peer,"
-         "collectives_per_step,"
-         "payload_bytes_per_step,payload_formula_bytes,state_bytes,state_formula_bytes,rss_peak_mib\n";
+         "optimizer_ms,off_cpu_ms,beyond_raw_ms,samples_per_second,flop_per_second,vs_single_device,vs_peer,peer,"
+         "collectives_per_step,payload_bytes_per_step,payload_formula_bytes,wire_bytes_per_step,comm_in_flight_ms,"
+         "comm_alone_ms,predicted_comm_ms,state_bytes,state_formula_bytes,rss_peak_mib\n";
   for (const auto& r : results) {
     std::string refused = r.refused;
     std::replace(refused.begin(), refused.end(), '"', '\'');
     out << '"' << r.label << "\"," << r.precision << ',' << r.world_size << ",\"" << refused << "\"," << r.steps << ','
         << fixed(r.step_ms.median, 4) << ',' << fixed(r.step_ms.p10, 4) << ',' << fixed(r.step_ms.p90, 4) << ','
         << fixed(r.forward_ms, 4) << ',' << fixed(r.backward_ms, 4) << ',' << fixed(r.optimizer_ms, 4) << ','
-        << (r.beyond_raw_ms ? fixed(*r.beyond_raw_ms, 4) : "") << ',' << fixed(r.samples_per_second, 1) << ','
+        << fixed(r.off_cpu_ms, 4) << ',' << (r.beyond_raw_ms ? fixed(*r.beyond_raw_ms, 4) : "") << ','
+        << fixed(r.samples_per_second, 1) << ','
         << fixed(r.flop_per_second, 0) << ',' << (r.vs_single_device ? fixed(*r.vs_single_device, 4) : "") << ','
         << (r.vs_peer ? fixed(*r.vs_peer, 4) : "") << ',' << (r.peer ? "true" : "false") << ','
         << fixed(r.collectives_per_step, 2) << ',' << fixed(r.payload_bytes_per_step, 0) << ','
-        << (r.payload_formula_bytes ? fixed(*r.payload_formula_bytes, 0) : "") << ',' << fixed(r.state_bytes, 0) << ','
+        << (r.payload_formula_bytes ? fixed(*r.payload_formula_bytes, 0) : "") << ','
+        << fixed(r.wire_bytes_per_step, 0) << ',' << fixed(r.comm_in_flight_ms, 4) << ','
+        << (r.comm_alone_ms ? fixed(*r.comm_alone_ms, 4) : "") << ','
+        << (r.predicted_comm_ms ? fixed(*r.predicted_comm_ms, 4) : "") << ',' << fixed(r.state_bytes, 0) << ','
         << (r.state_formula_bytes ? fixed(*r.state_formula_bytes, 0) : "") << ',' << fixed(r.rss_peak_mib, 1) << '\n';
   }
 }
@@ -144,12 +165,14 @@ void write_json(std::ostream& out, const std::vector<cell_result>& results, cons
     cells.push_back({{"cell", r.label},
                      {"precision", r.precision},
                      {"world_size", r.world_size},
+                     {"model", r.model},
                      {"refused", r.refused},
                      {"steps", r.steps},
                      {"step_ms", {{"median", r.step_ms.median}, {"p10", r.step_ms.p10}, {"p90", r.step_ms.p90}}},
                      {"forward_ms", r.forward_ms},
                      {"backward_ms", r.backward_ms},
                      {"optimizer_ms", r.optimizer_ms},
+                     {"off_cpu_ms", r.off_cpu_ms},
                      {"beyond_raw_ms", optional_json(r.beyond_raw_ms)},
                      {"samples_per_second", r.samples_per_second},
                      {"flop_per_second", r.flop_per_second},
@@ -159,6 +182,11 @@ void write_json(std::ostream& out, const std::vector<cell_result>& results, cons
                      {"collectives_per_step", r.collectives_per_step},
                      {"payload_bytes_per_step", r.payload_bytes_per_step},
                      {"payload_formula_bytes", optional_json(r.payload_formula_bytes)},
+                     {"wire_bytes_per_step", r.wire_bytes_per_step},
+                     {"comm_in_flight_ms", r.comm_in_flight_ms},
+                     {"comm_alone_ms", optional_json(r.comm_alone_ms)},
+                     {"step_collectives", r.step_collectives},
+                     {"predicted_comm_ms", optional_json(r.predicted_comm_ms)},
                      {"state_bytes", r.state_bytes},
                      {"state_formula_bytes", optional_json(r.state_formula_bytes)},
                      {"collectives_by_kind", by_kind_json(r)},
@@ -176,6 +204,7 @@ std::vector<cell_result> read_json(std::istream& in) {
       r.label = c.at("cell").get<std::string>();
       r.precision = c.at("precision").get<std::string>();
       r.world_size = c.at("world_size").get<int>();
+      r.model = c.value("model", std::string());
       r.refused = c.at("refused").get<std::string>();
       r.steps = c.at("steps").get<int>();
       const auto& step = c.at("step_ms");
@@ -183,6 +212,7 @@ std::vector<cell_result> read_json(std::istream& in) {
       r.forward_ms = c.at("forward_ms").get<double>();
       r.backward_ms = c.at("backward_ms").get<double>();
       r.optimizer_ms = c.at("optimizer_ms").get<double>();
+      r.off_cpu_ms = c.at("off_cpu_ms").get<double>();
       r.samples_per_second = c.at("samples_per_second").get<double>();
       r.rss_peak_mib = c.at("rss_peak_mib").get<double>();
       r.peer = c.value("peer", false);
@@ -196,6 +226,10 @@ std::vector<cell_result> read_json(std::istream& in) {
       if (!c.at("payload_formula_bytes").is_null()) {
         r.payload_formula_bytes = c.at("payload_formula_bytes").get<double>();
       }
+      r.wire_bytes_per_step = c.at("wire_bytes_per_step").get<double>();
+      r.comm_in_flight_ms = c.at("comm_in_flight_ms").get<double>();
+      if (!c.at("comm_alone_ms").is_null()) r.comm_alone_ms = c.at("comm_alone_ms").get<double>();
+      r.step_collectives = c.at("step_collectives").get<std::vector<std::pair<std::string, double>>>();
       r.state_bytes = c.at("state_bytes").get<double>();
       if (!c.at("state_formula_bytes").is_null()) r.state_formula_bytes = c.at("state_formula_bytes").get<double>();
       for (const auto& [kind, count] : c.at("collectives_by_kind").items()) {

@@ -24,6 +24,7 @@ struct cell_result {
   std::string label;      // the cell as named ("fsdp+sharding_strategy=SHARD_GRAD_OP", "raw")
   std::string precision;  // "32-true", "bf16-mixed", ...
   int world_size = 1;
+  std::string model;    // what it trained ("MLP 784,1024,1024,1024,10")
   std::string refused;  // not empty: the cell did not run, and why
   int steps = 0;        // measured steps (after the warm-up)
   spread step_ms;       // the whole step, on rank 0
@@ -31,6 +32,9 @@ struct cell_result {
   double forward_ms = 0;
   double backward_ms = 0;
   double optimizer_ms = 0;
+  // Median over steps of the wall time the training thread was off the CPU:
+  // waiting on a collective (exposed communication) or for a core.
+  double off_cpu_ms = 0;
   double samples_per_second = 0;  // all ranks
   double flop_per_second = 0;     // model FLOP (matrix products, forward and backward), all ranks
   double rss_peak_mib = 0;        // rank 0's process, all its cells (VmHWM)
@@ -40,6 +44,23 @@ struct cell_result {
   double collectives_per_step = 0;
   double payload_bytes_per_step = 0;
   std::optional<double> payload_formula_bytes;  // what the strategy's formula says (cell.hpp)
+  // Rank 0's collectives of one step after the measured ones, in the order
+  // entered: {kind, payload bytes}.
+  std::vector<std::pair<std::string, double>> step_collectives;
+  // What rank 0 sends per step for that payload, estimated from the
+  // algorithm each kind runs (network_model.hpp's algorithm_of), every
+  // collective taken to span the world size.
+  double wire_bytes_per_step = 0;
+  // Communication time per step (mean): wall time while any of rank 0's
+  // collectives was in flight (loom/comm/traffic.hpp), overlap counted once.
+  double comm_in_flight_ms = 0;
+  // The same step's collectives replayed alone, one after another, on a
+  // group of the same ranks (median of --replays; more than one rank, under
+  // loom-run): what the alpha-beta model predicts.
+  std::optional<double> comm_alone_ms;
+  // The alpha-beta model's time for this step's collectives (--network);
+  // filled in by the driver.
+  std::optional<double> predicted_comm_ms;
   // Rank 0's model state (parameters, gradients, optimizer state, the
   // engine's buffers): CPU tensor bytes held between steps (a counting
   // allocator), and what the strategy's formula says.

@@ -1,6 +1,9 @@
 #include "worker.hpp"
 
 #include "cell.hpp"
+#include "model_families.hpp"
+#include "network_fit.hpp"
+#include "network_model.hpp"
 
 #include <loom/any_fabric.hpp>
 #include <loom/cluster/environment.hpp>
@@ -9,9 +12,6 @@
 #include <loom/runtime/make_fabric_with_strategy.hpp>
 #include <loom/runtime/strategy_options.hpp>
 #include <loom/strategy/model_parallel.hpp>
-#include <loom/strategy/unit.hpp>
-#include <loom/tp/layers.hpp>
-#include <loom/tp/parallelize.hpp>
 #include <loom/util/counting_allocator.hpp>
 #include <loom/util/flop_counter.hpp>
 #include <loom/util/rss_peak.hpp>
@@ -23,7 +23,9 @@
 #include <torch/optim/adam.h>
 
 #include <algorithm>
+#include <ctime>
 #include <chrono>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -40,46 +42,17 @@ double ms_between(clock_type::time_point a, clock_type::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
-// The MLP of the given widths, ReLU between layers. Each Linear is a
-// loom::unit (what FSDP and ZeRO-3 shard and gather one at a time) of a
-// loom::tp::Linear (what model_parallel's plan shards); under every other
-// strategy both are a plain torch::nn::Linear.
-struct MlpImpl : torch::nn::Module {
-  explicit MlpImpl(const std::vector<std::int64_t>& widths) {
-    for (std::size_t i = 0; i + 1 < widths.size(); ++i) {
-      layers.push_back(register_module("fc" + std::to_string(i),
-                                       loom::unit<loom::tp::Linear>(widths[i], widths[i + 1])));
-    }
-  }
-  at::Tensor forward(at::Tensor x) {
-    for (std::size_t i = 0; i < layers.size(); ++i) {
-      x = layers[i](x);
-      if (i + 1 < layers.size()) x = torch::relu(x);
-    }
-    return x;
-  }
-  std::vector<loom::unit<loom::tp::Linear>> layers;
-};
-TORCH_MODULE(Mlp);
-
-// model_parallel's plan for the MLP: layers alternate column- and row-wise
-// (Megatron's pairing: the activation between them stays sharded); an odd
-// last layer is column-wise with its output gathered.
-void parallelize_mlp(torch::nn::Module& module, loom::comm::device_mesh& mesh, std::size_t layers) {
-  using loom::tp::replicate;
-  loom::tp::parallelize_plan plan;
-  for (std::size_t i = 0; i < layers; ++i) {
-    const std::string name = "fc" + std::to_string(i);
-    if (i % 2 == 1) plan.emplace_back(name, loom::tp::rowwise_parallel{});
-    else if (i + 1 == layers) plan.emplace_back(name, loom::tp::colwise_parallel{.output_layout = replicate()});
-    else plan.emplace_back(name, loom::tp::colwise_parallel{});
-  }
-  loom::tp::parallelize_module(module, mesh, plan);
-}
-
 struct step_times {
   std::vector<double> step, forward, backward, optimizer;
+  std::vector<double> off_cpu;  // the step's wall time the training thread did not run
 };
+
+// This thread's CPU time (CLOCK_THREAD_CPUTIME_ID), in ms.
+double thread_cpu_ms() {
+  timespec now{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) * 1e3 + static_cast<double>(now.tv_nsec) / 1e6;
+}
 
 // One cell at one precision: its fabric, model and optimizer, and its step.
 struct runner {
@@ -92,21 +65,13 @@ struct runner {
   loom::comm::traffic traffic;  // over the measured steps
 };
 
-struct batch {
-  at::Tensor inputs;
-  at::Tensor targets;
-};
-
-batch batch_for(const worker_options& options, int data_parallel_rank) {
-  at::manual_seed(1 + data_parallel_rank);
-  return {at::randn({options.batch_per_rank, options.widths.front()}),
-          at::randint(0, options.widths.back(), {options.batch_per_rank})};
-}
+using loom::bench::batch;
 
 // One step, timed in its three parts: forward (zero_grad, forward and
 // loss) returns the loss, backward takes it, then the optimizer steps.
 template <class Forward, class Backward, class Step>
 void timed_step(step_times* times, Forward&& forward, Backward&& backward, Step&& step) {
+  const double cpu0 = thread_cpu_ms();
   const auto t0 = clock_type::now();
   const at::Tensor loss = forward();
   const auto t1 = clock_type::now();
@@ -114,7 +79,9 @@ void timed_step(step_times* times, Forward&& forward, Backward&& backward, Step&
   const auto t2 = clock_type::now();
   step();
   const auto t3 = clock_type::now();
+  const double cpu3 = thread_cpu_ms();
   if (times != nullptr) {
+    times->off_cpu.push_back(std::max(0.0, ms_between(t0, t3) - (cpu3 - cpu0)));
     times->step.push_back(ms_between(t0, t3));
     times->forward.push_back(ms_between(t0, t1));
     times->backward.push_back(ms_between(t1, t2));
@@ -125,36 +92,39 @@ void timed_step(step_times* times, Forward&& forward, Backward&& backward, Step&
 // A step through fabric. The wrapped model and optimizer refer to the
 // user's, which the step keeps alive.
 template <class Model, class Optimizer>
-std::function<void(step_times*)> fabric_step(std::shared_ptr<loom::AnyFabric> fabric, std::shared_ptr<Mlp> net,
+std::function<void(step_times*)> fabric_step(std::shared_ptr<loom::AnyFabric> fabric,
+                                             std::shared_ptr<loom::bench::Model> net,
                                              std::shared_ptr<torch::optim::Adam> adam, std::shared_ptr<Model> model,
-                                             std::shared_ptr<Optimizer> optimizer, batch data) {
-  return [fabric, net, adam, model, optimizer, data](step_times* times) {
+                                             std::shared_ptr<Optimizer> optimizer, batch data,
+                                             std::shared_ptr<const loom::bench::model_family> family) {
+  return [fabric, net, adam, model, optimizer, data, family](step_times* times) {
     timed_step(
         times,
         [&] {
           optimizer->zero_grad();
-          return torch::nn::functional::cross_entropy((*model)(data.inputs), data.targets);
+          return family->loss((*model)(data.inputs), data.targets);
         },
         [&](const at::Tensor& loss) { fabric->backward(loss); }, [&] { optimizer->step(); });
   };
 }
 
 // The raw LibTorch loop: the same model, optimizer and batch, no Fabric.
-void make_raw(runner& r, const worker_options& options, int rank) {
+void make_raw(runner& r, const worker_options& options, const std::shared_ptr<const loom::bench::model_family>& family,
+              int rank) {
   if (r.result.precision != "32-true") {
     r.result.refused = "the raw LibTorch loop runs in 32-true only (compare with single_device at this precision)";
     return;
   }
   at::manual_seed(0);
-  auto net = std::make_shared<Mlp>(options.widths);
+  auto net = std::make_shared<loom::bench::Model>(family->build());
   auto adam = std::make_shared<torch::optim::Adam>((*net)->parameters(), torch::optim::AdamOptions(1e-3));
-  const batch data = batch_for(options, rank);
-  r.step = [net, adam, data](step_times* times) {
+  const batch data = family->make_batch(options.batch_per_rank, rank);
+  r.step = [net, adam, data, family](step_times* times) {
     timed_step(
         times,
         [&] {
           adam->zero_grad();
-          return torch::nn::functional::cross_entropy((*net)->forward(data.inputs), data.targets);
+          return family->loss((*net)->forward(data.inputs), data.targets);
         },
         [](const at::Tensor& loss) { loss.backward(); }, [&] { adam->step(); });
   };
@@ -164,7 +134,8 @@ void make_raw(runner& r, const worker_options& options, int rank) {
 // as a strategy object, with data_parallel_size and tensor_parallel_size
 // read from the cell's options. Each data-parallel rank trains on its own
 // batch (model_parallel's tensor-parallel ranks share theirs).
-void make_fabric_cell(runner& r, const worker_options& options, int local_processes) {
+void make_fabric_cell(runner& r, const worker_options& options,
+                      const std::shared_ptr<const loom::bench::model_family>& family, int local_processes) {
   loom::fabric_config config;
   config.accelerator = "cpu";
   config.devices = local_processes;  // what the launcher started on this node
@@ -173,19 +144,22 @@ void make_fabric_cell(runner& r, const worker_options& options, int local_proces
   // model_parallel's plan says this rank's data-parallel coordinate and size.
   auto mesh = std::make_shared<std::optional<std::pair<int, int>>>();
   if (r.spec.strategy == "model_parallel") {
+    if (!family->parallelize) {
+      throw loom::configuration_error("model_parallel needs a plan: the model library gives no parallelize "
+                                      "(loom/util/bench_model.hpp)");
+    }
     loom::runtime::option_reader reader("model_parallel", r.spec.options_json);
     std::int64_t data_parallel = 0;
     std::int64_t tensor_parallel = 0;
     reader.read("data_parallel_size", data_parallel, 0, 1 << 20);
     reader.read("tensor_parallel_size", tensor_parallel, 0, 1 << 20);
     reader.finish();
-    const std::size_t layers = options.widths.size() - 1;
     fabric.reset(new loom::AnyFabric(loom::make_fabric(  // not movable: built in place
         config, loom::model_parallel(loom::model_parallel_options{
                     .parallelize_fn =
-                        [mesh, layers](torch::nn::Module& module, loom::comm::device_mesh& device_mesh) {
+                        [mesh, family](torch::nn::Module& module, loom::comm::device_mesh& device_mesh) {
                           *mesh = {device_mesh.coordinate("data_parallel"), device_mesh.size("data_parallel")};
-                          parallelize_mlp(module, device_mesh, layers);
+                          family->parallelize(module, device_mesh);
                         },
                     .data_parallel_size = static_cast<int>(data_parallel),
                     .tensor_parallel_size = static_cast<int>(tensor_parallel)}))));
@@ -196,7 +170,7 @@ void make_fabric_cell(runner& r, const worker_options& options, int local_proces
   }
   fabric->launch();
   at::manual_seed(0);
-  auto net = std::make_shared<Mlp>(options.widths);
+  auto net = std::make_shared<loom::bench::Model>(family->build());
   auto adam = std::make_shared<torch::optim::Adam>((*net)->parameters(), torch::optim::AdamOptions(1e-3));
   auto [model, optimizer] = fabric->setup(*net, *adam);
   r.global_rank = fabric->global_rank();
@@ -205,18 +179,18 @@ void make_fabric_cell(runner& r, const worker_options& options, int local_proces
   r.data_parallel_size = data_parallel_size;
   r.step = fabric_step(fabric, net, adam, std::make_shared<decltype(model)>(std::move(model)),
                        std::make_shared<decltype(optimizer)>(std::move(optimizer)),
-                       batch_for(options, data_parallel_rank));
+                       family->make_batch(options.batch_per_rank, data_parallel_rank), family);
 }
 
 // The model FLOP of one step at the per-rank batch (forward and backward
 // matrix products), counted once on a plain copy of the model.
-double step_flop(const worker_options& options) {
+double step_flop(const worker_options& options, const loom::bench::model_family& family) {
   at::manual_seed(0);
-  Mlp net(options.widths);
-  const batch data = batch_for(options, 0);
+  const std::shared_ptr<loom::bench::model> net = family.build();
+  const batch data = family.make_batch(options.batch_per_rank, 0);
   const auto counted = loom::measure_flops(
       *net, [&]() { return net->forward(data.inputs); },
-      [&](const at::Tensor& output) { return torch::nn::functional::cross_entropy(output, data.targets); });
+      [&](const at::Tensor& output) { return family.loss(output, data.targets); });
   return counted.total();
 }
 
@@ -249,12 +223,21 @@ std::vector<cell_result> run_cells(const worker_options& options) {
   // would measure microcode assists, not strategies. Flushed, as
   // bench/zero_vs_torch.sh does on both sides (the report says so).
   at::globalContext().setFlushDenormal(true);
+  // Communication time: while any collective of this process is in flight.
+  loom::comm::time_collectives(true);
 
   // Every CPU tensor from here on is counted: a cell's model state is what
   // stays allocated after its setup and two steps (Adam's state exists
   // from the first), less its batch.
+  const auto family = std::make_shared<const loom::bench::model_family>(
+      options.model_library.empty() ? mlp_family(options.widths)
+                                    : library_family(options.model_library, options.model_options));
   loom::counting_allocator& counter = loom::install_counting_allocator();
-  const std::int64_t batch_bytes = options.batch_per_rank * (options.widths.front() * 4 + 8);
+  // A cell holds its batch besides its model state (the same bytes for every rank).
+  const std::int64_t batch_bytes = [&] {
+    const batch sample = family->make_batch(options.batch_per_rank, 0);
+    return static_cast<std::int64_t>(sample.inputs.nbytes() + sample.targets.nbytes());
+  }();
   std::vector<runner> runners;
   for (const auto& precision : options.precisions) {
     for (const auto& text : options.cells) {
@@ -268,10 +251,10 @@ std::vector<cell_result> run_cells(const worker_options& options) {
         if (is_peer(text)) {
           r.result.peer = true;
           r.result.refused = "the PyTorch peers run from loom-bench's driver (loom-bench without a launcher)";
-        } else if (r.spec.is_raw()) make_raw(r, options, rank);
+        } else if (r.spec.is_raw()) make_raw(r, options, family, rank);
         else if (r.spec.strategy == "single_device" && world_size > 1) {
           r.result.refused = "single_device runs one process (it is the 1-rank reference)";
-        } else make_fabric_cell(r, options, job.local_world_size.value_or(world_size));
+        } else make_fabric_cell(r, options, family, job.local_world_size.value_or(world_size));
         if (r.step) {
           for (int s = 0; s < 2; ++s) r.step(nullptr);
           r.result.state_bytes = static_cast<double>(counter.live() - before - batch_bytes);
@@ -288,7 +271,7 @@ std::vector<cell_result> run_cells(const worker_options& options) {
       break;
     }
   }
-  const double flop = step_flop(options);
+  const double flop = step_flop(options, *family);
   for (auto& r : runners) {
     if (!r.step) continue;
     for (int s = 0; s < options.warmup; ++s) r.step(nullptr);
@@ -299,6 +282,43 @@ std::vector<cell_result> run_cells(const worker_options& options) {
       const auto before = loom::comm::traffic_so_far();
       for (int s = 0; s < options.block && done + s < options.steps; ++s) r.step(&r.times);
       r.traffic += loom::comm::traffic_so_far() - before;
+    }
+  }
+  // Each cell's collectives of one step, in order, and (loom-run's
+  // rendezvous: a TCP one forms one group per job) replayed alone on a
+  // group of their own, in rounds; with --network fit, each round also
+  // runs the microbenchmarks the model is fitted from.
+  std::unique_ptr<collective_bench> bench;
+  if (world_size > 1 && job.rendezvous_dir) bench = std::make_unique<collective_bench>();
+  std::vector<std::pair<runner*, std::size_t>> plans;
+  for (auto& r : runners) {
+    if (!r.step) continue;
+    std::vector<loom::comm::traced_collective> trace;
+    loom::comm::trace_collectives(&trace);
+    r.step(nullptr);
+    loom::comm::trace_collectives(nullptr);
+    for (const auto& entry : trace) {
+      r.result.step_collectives.emplace_back(loom::comm::name_of(entry.kind), static_cast<double>(entry.payload_bytes));
+    }
+    if (!bench) continue;
+    if (auto plan = bench->plan_replay(trace)) plans.emplace_back(&r, *plan);
+  }
+  if (bench) {
+    const fit_options round{.calls = 4};
+    std::vector<std::vector<double>> replayed(plans.size());
+    for (int round_number = 0; round_number < options.replays; ++round_number) {
+      if (!options.fit_network.empty()) bench->measure_round(round);
+      for (std::size_t p = 0; p < plans.size(); ++p) replayed[p].push_back(bench->replay_once(plans[p].second));
+    }
+    for (std::size_t p = 0; p < plans.size(); ++p) plans[p].first->result.comm_alone_ms = spread_of(replayed[p]).median;
+    if (!options.fit_network.empty() && bench->rank() == 0) {
+      const auto net = fit_network(bench->samples(), world_size,
+                                   "loopback: Gloo over 127.0.0.1, " + std::to_string(world_size) +
+                                       " ranks (fitted by loom-bench from its microbenchmarks, interleaved with the "
+                                       "replays it is validated against)");
+      std::ofstream out(options.fit_network);
+      write_network(out, net);
+      if (!out) throw std::runtime_error("loom-bench: " + options.fit_network + " cannot be written");
     }
   }
   std::vector<cell_result> results;
@@ -312,6 +332,7 @@ std::vector<cell_result> run_cells(const worker_options& options) {
       result.forward_ms = spread_of(r.times.forward).median;
       result.backward_ms = spread_of(r.times.backward).median;
       result.optimizer_ms = spread_of(r.times.optimizer).median;
+      result.off_cpu_ms = spread_of(r.times.off_cpu).median;
       const double seconds = result.step_ms.median / 1e3;
       result.samples_per_second = static_cast<double>(options.batch_per_rank * r.data_parallel_size) / seconds;
       result.flop_per_second = flop * r.data_parallel_size / seconds;
@@ -324,11 +345,17 @@ std::vector<cell_result> run_cells(const worker_options& options) {
       }
       result.collectives_per_step = r.traffic.total().collectives / steps;
       result.payload_bytes_per_step = r.traffic.total().payload_bytes / steps;
-      result.payload_formula_bytes =
-          payload_formula(r.spec, options.widths, world_size, options.batch_per_rank, result.precision);
-      result.state_formula_bytes = state_formula(r.spec, options.widths, world_size, result.precision);
+      result.wire_bytes_per_step = wire_bytes(result.collectives_by_kind, world_size);
+      result.comm_in_flight_ms = static_cast<double>(r.traffic.in_flight_ns) / 1e6 / steps;
+      // The formulas are the MLP's (cell.hpp); a library's model has none.
+      if (options.model_library.empty()) {
+        result.payload_formula_bytes =
+            payload_formula(r.spec, options.widths, world_size, options.batch_per_rank, result.precision);
+        result.state_formula_bytes = state_formula(r.spec, options.widths, world_size, result.precision);
+      }
     }
     result.rss_peak_mib = rss;
+    result.model = family->description;
     results.push_back(std::move(result));
   }
   return results;

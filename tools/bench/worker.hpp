@@ -14,10 +14,18 @@ namespace loom_bench {
 
 struct worker_options {
   std::vector<std::int64_t> widths{784, 1024, 1024, 1024, 10};  // the MLP: input, hidden..., classes
+  // Not empty: the model of this shared library (loom/util/bench_model.hpp)
+  // instead of the MLP, with these options.
+  std::string model_library;
+  std::string model_options;
   std::int64_t batch_per_rank = 64;  // per data-parallel rank (model_parallel: per tensor-parallel group)
   int steps = 200;                   // measured per cell
   int warmup = 20;
   int block = 10;  // steps per cell before the next cell's turn
+  int replays = 20;  // times each cell's step of collectives is replayed alone (more than one rank)
+  // Not empty: rank 0 fits the network model to microbenchmarks run
+  // between the replays and writes it here (loom-bench --network fit).
+  std::string fit_network;
   std::vector<std::string> cells;
   std::vector<std::string> precisions{"32-true"};
 };

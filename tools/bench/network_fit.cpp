@@ -1,0 +1,165 @@
+#include "network_fit.hpp"
+
+#include "results.hpp"
+
+#include <loom/accelerator/cpu.hpp>
+#include <loom/errors.hpp>
+#include <loom/fabric.hpp>
+#include <loom/strategy/parallel.hpp>
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+
+namespace loom_bench {
+
+using loom::comm::collective_kind;
+
+struct collective_bench::state {
+  loom::Fabric<loom::cpu, loom::parallel> fabric;
+  loom::comm::process_group* group = nullptr;
+  // Buffers by float count: {whole (the payload), one rank's chunk}, made once.
+  std::map<std::int64_t, std::pair<at::Tensor, at::Tensor>> buffers;
+  std::map<std::pair<collective_kind, std::uint64_t>, std::vector<double>> times;  // measure_round's, per call
+  std::vector<std::vector<loom::comm::traced_collective>> plans;                  // plan_replay's
+
+  std::pair<at::Tensor, at::Tensor>& buffers_for(std::int64_t elements) {
+    auto it = buffers.find(elements);
+    if (it == buffers.end()) {
+      it = buffers.emplace(elements, std::pair{at::empty({elements}).fill_(1),
+                                               at::empty({elements / group->size()}).fill_(1)})
+               .first;
+    }
+    return it->second;
+  }
+
+  // One collective of `kind` carrying `payload_bytes` (traffic.hpp's
+  // payload: an all-gather's result, a reduce-scatter's input), in float32
+  // rounded to a multiple of the ranks; false for a kind it does not run.
+  bool run(collective_kind kind, std::uint64_t payload_bytes) {
+    const int n = group->size();
+    const auto elements = std::max<std::int64_t>(static_cast<std::int64_t>(payload_bytes / 4) / n * n, n);
+    switch (kind) {
+      case collective_kind::all_reduce:
+      case collective_kind::all_reduce_coalesced: group->all_reduce(buffers_for(elements).first); return true;
+      case collective_kind::all_gather:
+      case collective_kind::all_gather_coalesced: {
+        auto& [whole, chunk] = buffers_for(elements);
+        group->all_gather_into(whole, chunk).wait();
+        return true;
+      }
+      case collective_kind::reduce_scatter: {
+        auto& [whole, chunk] = buffers_for(elements);
+        group->reduce_scatter_into(chunk, whole).wait();
+        return true;
+      }
+      case collective_kind::broadcast: group->broadcast(buffers_for(elements).first); return true;
+      case collective_kind::barrier: group->barrier(); return true;
+      default: return false;
+    }
+  }
+
+  // Seconds from a barrier's end to the call's, on this rank.
+  double timed(const std::function<void()>& call) {
+    group->barrier();
+    const auto start = std::chrono::steady_clock::now();
+    call();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+};
+
+collective_bench::collective_bench() : state_(std::make_unique<state>()) {
+  state_->fabric.launch();
+  state_->group = &state_->fabric.strategy().group();
+  if (state_->group->size() < 2) {
+    throw loom::configuration_error("loom-bench measures collectives between ranks: start it on 2 or more "
+                                    "(loom-bench --fit-network FILE --world-sizes 2)");
+  }
+}
+
+collective_bench::~collective_bench() = default;
+
+int collective_bench::ranks() const { return state_->group->size(); }
+int collective_bench::rank() const { return state_->group->rank(); }
+
+void collective_bench::measure_round(const fit_options& options) {
+  // As OSU's and nccl-tests' loops do: `calls` back to back after a
+  // barrier, the mean per call (what a step's collectives see one after
+  // another, the ranks' skew included), one value per round.
+  auto measure_one = [&](collective_kind kind, std::uint64_t bytes) {
+    state_->run(kind, bytes);  // untimed: first-use costs (buffers, connections)
+    const double seconds = state_->timed([&] {
+      for (int c = 0; c < options.calls; ++c) state_->run(kind, bytes);
+    });
+    state_->times[{kind, bytes}].push_back(seconds / options.calls);
+  };
+  for (const double bytes : options.payload_bytes) {
+    for (const auto kind : {collective_kind::all_reduce, collective_kind::all_gather, collective_kind::reduce_scatter,
+                            collective_kind::broadcast}) {
+      measure_one(kind, static_cast<std::uint64_t>(bytes));
+    }
+  }
+  measure_one(collective_kind::barrier, 0);
+}
+
+std::vector<sample> collective_bench::samples() const {
+  std::vector<sample> medians;
+  if (rank() != 0) return medians;
+  for (const auto& [key, values] : state_->times) {
+    // The payload as run: float32, a multiple of the ranks.
+    const auto elements = key.second == 0 ? 0 : std::max<std::uint64_t>(key.second / 4 / ranks() * ranks(), ranks());
+    medians.push_back({loom::comm::name_of(key.first), static_cast<double>(elements) * 4, spread_of(values).median});
+  }
+  return medians;
+}
+
+std::vector<sample> collective_bench::measure(const fit_options& options) {
+  for (int round = 0; round < options.rounds; ++round) measure_round(options);
+  return samples();
+}
+
+std::optional<std::size_t> collective_bench::plan_replay(const std::vector<loom::comm::traced_collective>& trace) {
+  // Rank 0's trace to everyone: [count, then kind, payload, group size per collective].
+  at::Tensor count = at::zeros({1}, at::kLong);
+  if (rank() == 0) count[0] = static_cast<std::int64_t>(trace.size());
+  state_->group->broadcast(count);
+  const auto n = count.item<std::int64_t>();
+  at::Tensor entries = at::zeros({std::max<std::int64_t>(n, 1), 3}, at::kLong);
+  if (rank() == 0) {
+    auto rows = entries.accessor<std::int64_t, 2>();
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto& entry = trace[static_cast<std::size_t>(i)];
+      rows[i][0] = static_cast<std::int64_t>(entry.kind);
+      rows[i][1] = static_cast<std::int64_t>(entry.payload_bytes);
+      rows[i][2] = entry.group_size;
+    }
+  }
+  state_->group->broadcast(entries);
+  std::vector<loom::comm::traced_collective> plan;
+  const auto rows = entries.accessor<std::int64_t, 2>();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const auto kind = static_cast<collective_kind>(rows[i][0]);
+    const bool runs = kind != collective_kind::gather && kind != collective_kind::scatter &&
+                      kind != collective_kind::reduce && kind != collective_kind::all_to_all;
+    if (!runs || rows[i][2] != ranks()) return std::nullopt;
+    plan.push_back({kind, static_cast<std::uint64_t>(rows[i][1]), static_cast<int>(rows[i][2])});
+  }
+  state_->plans.push_back(std::move(plan));
+  replay_once(state_->plans.size() - 1);  // untimed: first-use costs
+  return state_->plans.size() - 1;
+}
+
+double collective_bench::replay_once(std::size_t plan) {
+  const auto& steps = state_->plans.at(plan);
+  return state_->timed([&] {
+    for (const auto& step : steps) state_->run(step.kind, step.payload_bytes);
+  }) * 1e3;
+}
+
+}  // namespace loom_bench

@@ -1,0 +1,68 @@
+// loom's collective microbenchmarks: what the alpha-beta model
+// (network_model.hpp) is fitted from (loom-bench --fit-network), and the
+// replay of one step's collectives alone, what it is validated against.
+// Every rank of the job runs the same schedule, through a process group of
+// its own formed like any strategy's (the `parallel` strategy's): each
+// timed sequence starts after a barrier and is timed on rank 0.
+#pragma once
+
+#include "network_model.hpp"
+
+#include <loom/comm/traffic.hpp>
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+namespace loom_bench {
+
+struct fit_options {
+  // 4 KiB to 16 MiB, doubling: a model's messages fall between points.
+  std::vector<double> payload_bytes = [] {
+    std::vector<double> sizes;
+    for (double bytes = 4 << 10; bytes <= 16 << 20; bytes *= 2) sizes.push_back(bytes);
+    return sizes;
+  }();
+  int rounds = 9;
+  int calls = 5;  // timed back to back per kind, size and round (after one untimed)
+};
+
+class collective_bench {
+ public:
+  // Forms the group (a collective: every rank of the job calls it).
+  // Throws loom::configuration_error on one rank.
+  collective_bench();
+  ~collective_bench();
+  collective_bench(const collective_bench&) = delete;
+  collective_bench& operator=(const collective_bench&) = delete;
+
+  int ranks() const;
+  int rank() const;
+
+  // One round of the microbenchmarks: all_reduce, all_gather_into,
+  // reduce_scatter_into, broadcast and barrier at each payload (float32),
+  // `calls` timed calls each. Rounds may be interleaved with replays, so
+  // that a slow phase of the machine falls on both alike.
+  void measure_round(const fit_options& options);
+  // Rank 0: each kind and payload's median over the rounds so far (the
+  // other ranks: none).
+  std::vector<sample> samples() const;
+  // measure_round `rounds` times, then samples().
+  std::vector<sample> measure(const fit_options& options);
+
+  // Rank 0's trace of one step, broadcast to every rank so that all replay
+  // the same: an index for replay_once, or nullopt when it holds a
+  // collective this group cannot replay as it ran (a group of another size;
+  // gather, scatter, reduce or all_to_all), the same answer on every rank.
+  std::optional<std::size_t> plan_replay(const std::vector<loom::comm::traced_collective>& trace);
+  // The plan's collectives on this group one after another, through the
+  // calls strategies use (all_reduce, all_gather_into, ...), timed after a
+  // barrier: ms on this rank.
+  double replay_once(std::size_t plan);
+
+ private:
+  struct state;
+  std::unique_ptr<state> state_;
+};
+
+}  // namespace loom_bench
