@@ -62,6 +62,7 @@ struct arguments {
   std::string network;       // --network FILE: predict each cell's communication time
   std::string project;       // --project FILE: the network to project onto
   std::string project_ranks = "8,16,32,64,128,256,512,1024";
+  int rounds = 1;
   loom_bench::worker_options worker;
 };
 
@@ -289,6 +290,40 @@ void run_peers(const arguments& args, const std::vector<std::string>& peers, std
   }
 }
 
+// One world size's worker set, through loom-run beside this program; with
+// `fit` (--network fit, 2 or more ranks) it fits the network model in the
+// run, into `fitted` and OUT/network-N.json. False (and a line on stderr)
+// when it fails.
+bool run_worker_set(const arguments& args, const std::vector<std::string>& cells, std::int64_t world_size,
+                    const std::string& scratch, bool fit, std::vector<loom_bench::cell_result>& results,
+                    std::map<int, loom_bench::network>& fitted) {
+  const std::string self = loom::launch::own_executable();
+  const std::string loom_run = (std::filesystem::path(self).parent_path() / "loom-run").string();
+  const std::string file = scratch + "/results-" + std::to_string(world_size) + ".json";
+  const std::string fit_file = fit ? scratch + "/network-" + std::to_string(world_size) + ".json" : std::string();
+  std::fprintf(stderr, "loom-bench: %lld rank(s): %zu cell(s)\n", static_cast<long long>(world_size),
+               cells.size() * args.worker.precisions.size());
+  loom::launch::supervisor job;
+  job.start(0,
+            {loom_run, "--accelerator", "cpu", "--devices", std::to_string(world_size), self, "--strategies",
+             join(cells), "--precisions", join(args.worker.precisions), "--widths", args.widths, "--model-library",
+             args.worker.model_library, "--model-options", args.worker.model_options, "--batch",
+             std::to_string(args.worker.batch_per_rank), "--steps", std::to_string(args.worker.steps), "--warmup",
+             std::to_string(args.worker.warmup), "--block", std::to_string(args.worker.block), "--replays",
+             std::to_string(args.worker.replays), "--results", file, "--fit-in-run", fit_file},
+            {});
+  if (!run_job(job, file, "the worker set of " + std::to_string(world_size) + " rank(s)", results)) return false;
+  if (fit && std::filesystem::exists(fit_file)) {
+    fitted.emplace(static_cast<int>(world_size), loom_bench::read_network(fit_file));
+    if (!args.out.empty()) {
+      std::filesystem::create_directories(args.out);
+      std::filesystem::copy_file(fit_file, args.out + "/network-" + std::to_string(world_size) + ".json",
+                                 std::filesystem::copy_options::overwrite_existing);
+    }
+  }
+  return true;
+}
+
 // One worker set per world size, through loom-run beside this program, and
 // the PyTorch peers after it.
 int run_driver(const arguments& args) {
@@ -314,39 +349,17 @@ int run_driver(const arguments& args) {
   std::vector<loom_bench::cell_result> results;
   std::map<int, loom_bench::network> fitted;
   int status = 0;
-  for (const auto world_size : numbers(args.world_sizes, "--world-sizes")) {
-    if (!cells.empty()) {
-      const std::string file = scratch + "/results-" + std::to_string(world_size) + ".json";
-      // --network fit: the worker set fits the model in the run (2 or more ranks).
-      const std::string fit_file = args.network == "fit" && world_size > 1
-                                       ? scratch + "/network-" + std::to_string(world_size) + ".json"
-                                       : std::string();
-      std::fprintf(stderr, "loom-bench: %lld rank(s): %zu cell(s)\n", static_cast<long long>(world_size),
-                   cells.size() * args.worker.precisions.size());
-      loom::launch::supervisor job;
-      job.start(0,
-                {loom_run, "--accelerator", "cpu", "--devices", std::to_string(world_size), self, "--strategies",
-                 join(cells), "--precisions", join(args.worker.precisions), "--widths", args.widths,
-                 "--model-library", args.worker.model_library, "--model-options", args.worker.model_options, "--batch",
-                 std::to_string(args.worker.batch_per_rank), "--steps", std::to_string(args.worker.steps),
-                 "--warmup", std::to_string(args.worker.warmup), "--block", std::to_string(args.worker.block),
-                 "--replays", std::to_string(args.worker.replays), "--results", file, "--fit-in-run", fit_file},
-                {});
-      if (!run_job(job, file, "the worker set of " + std::to_string(world_size) + " rank(s)", results)) status = 1;
-      if (!fit_file.empty() && std::filesystem::exists(fit_file)) {
-        fitted.emplace(static_cast<int>(world_size), loom_bench::read_network(fit_file));
-        if (!args.out.empty()) {
-          std::filesystem::create_directories(args.out);
-          std::filesystem::copy_file(fit_file, args.out + "/network-" + std::to_string(world_size) + ".json",
-                                     std::filesystem::copy_options::overwrite_existing);
-        }
-      }
+  // --rounds: loom's worker sets and the peers alternate, each cell's steps pooled.
+  for (int round = 0; round < args.rounds; ++round) {
+    for (const auto world_size : numbers(args.world_sizes, "--world-sizes")) {
+      const bool fit = args.network == "fit" && world_size > 1 && round == 0;
+      if (!cells.empty() && !run_worker_set(args, cells, world_size, scratch, fit, results, fitted)) status = 1;
+      if (!peers.empty()) run_peers(args, peers, world_size, scratch, unavailable, script, results);
     }
-    if (!peers.empty()) run_peers(args, peers, world_size, scratch, unavailable, script, results);
   }
   loom::launch::remove_directory(scratch);
   if (results.empty()) return 1;
-  report(std::move(results), args, fitted);
+  report(loom_bench::merge_rounds(results), args, fitted);
   return status;
 }
 
@@ -375,6 +388,10 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", args.worker.warmup, "steps per cell before measuring")->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--block", args.worker.block, "steps a cell runs before the next cell's turn")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--rounds", args.rounds,
+                 "times loom's worker sets and the PyTorch peers alternate (each round --steps per cell; the "
+                 "figures over every round's steps)")
       ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--replays", args.worker.replays,
                  "times each cell's collectives of one step are replayed alone (more than one rank)")

@@ -61,6 +61,53 @@ spread spread_of(std::vector<double> values) {
   return {quantile(values, 0.5), quantile(values, 0.1), quantile(values, 0.9)};
 }
 
+void summarize(cell_result& result) {
+  const step_samples& s = result.samples;
+  if (s.step.empty()) return;
+  const double before = result.step_ms.median;
+  result.steps = static_cast<int>(s.step.size());
+  result.step_ms = spread_of(s.step);
+  result.forward_ms = spread_of(s.forward).median;
+  result.backward_ms = spread_of(s.backward).median;
+  result.optimizer_ms = spread_of(s.optimizer).median;
+  result.off_cpu_ms = spread_of(s.off_cpu).median;
+  if (before > 0 && result.step_ms.median > 0) {
+    const double scale = before / result.step_ms.median;
+    result.samples_per_second *= scale;
+    result.flop_per_second *= scale;
+  }
+}
+
+std::vector<cell_result> merge_rounds(const std::vector<cell_result>& results) {
+  std::vector<cell_result> merged;
+  std::map<std::tuple<std::string, std::string, int>, std::pair<std::size_t, int>> seen;  // -> index, rounds
+  for (const auto& r : results) {
+    const auto key = std::make_tuple(r.label, r.precision, r.world_size);
+    auto it = seen.find(key);
+    if (it == seen.end()) {
+      seen.emplace(key, std::pair{merged.size(), 1});
+      merged.push_back(r);
+      continue;
+    }
+    cell_result& m = merged[it->second.first];
+    const int rounds = ++it->second.second;
+    if (!r.refused.empty() || !m.refused.empty()) {
+      if (m.refused.empty()) m.refused = r.refused;
+      continue;
+    }
+    for (auto [into, from] : {std::pair{&m.samples.step, &r.samples.step}, {&m.samples.forward, &r.samples.forward},
+                              {&m.samples.backward, &r.samples.backward}, {&m.samples.optimizer, &r.samples.optimizer},
+                              {&m.samples.off_cpu, &r.samples.off_cpu}}) {
+      into->insert(into->end(), from->begin(), from->end());
+    }
+    m.comm_in_flight_ms += (r.comm_in_flight_ms - m.comm_in_flight_ms) / rounds;
+    if (m.comm_alone_ms && r.comm_alone_ms) *m.comm_alone_ms += (*r.comm_alone_ms - *m.comm_alone_ms) / rounds;
+    m.rss_peak_mib = std::max(m.rss_peak_mib, r.rss_peak_mib);
+    summarize(m);
+  }
+  return merged;
+}
+
 void compare(std::vector<cell_result>& results) {
   // (precision, world size) -> the raw loop's median; precision -> single_device's at one rank.
   std::map<std::pair<std::string, int>, double> raw;
@@ -186,6 +233,11 @@ void write_json(std::ostream& out, const std::vector<cell_result>& results, cons
                      {"comm_in_flight_ms", r.comm_in_flight_ms},
                      {"comm_alone_ms", optional_json(r.comm_alone_ms)},
                      {"step_collectives", r.step_collectives},
+                     {"samples", {{"step", r.samples.step},
+                                  {"forward", r.samples.forward},
+                                  {"backward", r.samples.backward},
+                                  {"optimizer", r.samples.optimizer},
+                                  {"off_cpu", r.samples.off_cpu}}},
                      {"predicted_comm_ms", optional_json(r.predicted_comm_ms)},
                      {"state_bytes", r.state_bytes},
                      {"state_formula_bytes", optional_json(r.state_formula_bytes)},
@@ -216,6 +268,13 @@ std::vector<cell_result> read_json(std::istream& in) {
       r.samples_per_second = c.at("samples_per_second").get<double>();
       r.rss_peak_mib = c.at("rss_peak_mib").get<double>();
       r.peer = c.value("peer", false);
+      if (c.contains("samples")) {
+        const auto& samples = c.at("samples");
+        r.samples = {samples.at("step").get<std::vector<double>>(), samples.at("forward").get<std::vector<double>>(),
+                     samples.at("backward").get<std::vector<double>>(),
+                     samples.at("optimizer").get<std::vector<double>>(),
+                     samples.at("off_cpu").get<std::vector<double>>()};
+      }
       if (r.peer) {  // PyTorch's own cells carry no loom counters
         results.push_back(std::move(r));
         continue;

@@ -20,6 +20,12 @@ struct spread {
 };
 spread spread_of(std::vector<double> values);
 
+// Every measured step's times (ms), what the medians are taken over: the
+// driver pools them across rounds (--rounds).
+struct step_samples {
+  std::vector<double> step, forward, backward, optimizer, off_cpu;
+};
+
 struct cell_result {
   std::string label;      // the cell as named ("fsdp+sharding_strategy=SHARD_GRAD_OP", "raw")
   std::string precision;  // "32-true", "bf16-mixed", ...
@@ -74,7 +80,18 @@ struct cell_result {
   // deepspeed_stage_1: torch_zero1) at the same precision and world size.
   std::optional<double> vs_peer;
   bool peer = false;  // measured by PyTorch itself (tools/bench/torch_peer.py): no loom counters
+  step_samples samples;
 };
+
+// The step figures of one cell from its samples: steps, step_ms, the parts'
+// medians, and throughput (samples/s and FLOP/s scaled to the new median).
+void summarize(cell_result& result);
+
+// Cells measured in several rounds (the same label, precision and world
+// size), one per cell: their steps pooled and summarized again; the counts
+// (collectives, bytes, state) are the first round's (they do not change),
+// the communication times the mean over the rounds, the RSS peak the most.
+std::vector<cell_result> merge_rounds(const std::vector<cell_result>& results);
 
 // The JSON write_json writes, read back (the driver merges its worker
 // sets' files); throws std::runtime_error naming what it cannot read.

@@ -132,6 +132,9 @@ def main():
                         "backward_ms": spread(runner["backward"])["median"],
                         "optimizer_ms": spread(runner["optimizer_ms"])["median"],
                         "off_cpu_ms": spread(runner["off_cpu"])["median"],
+                        "samples": {"step": runner["step"], "forward": runner["forward"],
+                                    "backward": runner["backward"], "optimizer": runner["optimizer_ms"],
+                                    "off_cpu": runner["off_cpu"]},
                         "samples_per_second": args.batch * world_size / (step_ms["median"] / 1e3),
                         "rss_peak_mib": rss_peak_mib(), "peer": True})
         with open(args.results, "w") as results:

@@ -42,10 +42,8 @@ double ms_between(clock_type::time_point a, clock_type::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
-struct step_times {
-  std::vector<double> step, forward, backward, optimizer;
-  std::vector<double> off_cpu;  // the step's wall time the training thread did not run
-};
+// off_cpu: the step's wall time the training thread did not run.
+using step_times = step_samples;
 
 // This thread's CPU time (CLOCK_THREAD_CPUTIME_ID), in ms.
 double thread_cpu_ms() {
@@ -327,12 +325,8 @@ std::vector<cell_result> run_cells(const worker_options& options) {
   for (auto& r : runners) {
     cell_result result = r.result;
     if (r.step) {
-      result.steps = static_cast<int>(r.times.step.size());
-      result.step_ms = spread_of(r.times.step);
-      result.forward_ms = spread_of(r.times.forward).median;
-      result.backward_ms = spread_of(r.times.backward).median;
-      result.optimizer_ms = spread_of(r.times.optimizer).median;
-      result.off_cpu_ms = spread_of(r.times.off_cpu).median;
+      result.samples = r.times;
+      summarize(result);
       const double seconds = result.step_ms.median / 1e3;
       result.samples_per_second = static_cast<double>(options.batch_per_rank * r.data_parallel_size) / seconds;
       result.flop_per_second = flop * r.data_parallel_size / seconds;
