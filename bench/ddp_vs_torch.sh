@@ -2,48 +2,45 @@
 # bench/ddp_vs_torch.sh BUILD_DIR [ROUNDS] [STEPS]
 # One DDP training step of MLP 784-256-256-10 (batch 64 per rank, SGD, fp32,
 # 2 ranks, Gloo on loopback, OMP_NUM_THREADS=1, DDP's default buckets), loom
-# (build/bench/ddp_step_bench under build/tools/loom-run) against PyTorch's
-# DistributedDataParallel (Debian's python3-torch, bench/ddp_torch.py, ranks
-# started with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT). The two alternate,
-# ROUNDS times each (default 3), STEPS measured steps per round after 50 of
-# warm-up (default 200); the medians are over every measured step of rank 0,
-# timed from zero_grad through step on both sides. The breakdown lines say
-# where the time goes; the last line is loom_ms=X torch_ms=Y ratio=R.
+# against PyTorch's DistributedDataParallel (Debian's python3-torch,
+# tools/bench/torch_peer.py, ranks started with
+# RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT): cells of loom-bench
+# (docs/benchmarks.md),
+#   loom-bench --world-sizes 2 --widths 784,256,256,10 --optimizer sgd --rounds ROUNDS --steps STEPS
+#              --warmup 50 --strategies raw,ddp,torch_ddp
+# The two alternate, ROUNDS times each (default 3), STEPS measured steps per
+# round after 50 of warm-up (default 200); the medians are over every
+# measured step of rank 0, timed from zero_grad through step on both sides.
+# The breakdown lines say where the time goes; the last line is
+# loom_ms=X torch_ms=Y ratio=R.
 set -eu
 build=$(realpath "${1:-build}")
-# shellcheck source=bench/common.sh
-. "$(dirname "$0")/common.sh"
-build_bench "$build" ddp_step_bench
 rounds=${2:-3}
 steps=${3:-200}
-here=$(cd "$(dirname "$0")" && pwd)
+meson compile -C "$build" tools/loom-bench tools/loom-run >&2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1
-
-free_port() { /usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-
-round=1
-while [ "$round" -le "$rounds" ]; do
-  "$build/tools/loom-run" --accelerator cpu --strategy ddp --devices 2 "$build/bench/ddp_step_bench" "$steps" >> "$work/loom.txt"
-  port=$(free_port)
-  RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port /usr/bin/python3 "$here/ddp_torch.py" "$steps" > /dev/null &
-  other=$!
-  RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port /usr/bin/python3 "$here/ddp_torch.py" "$steps" >> "$work/torch.txt"
-  wait $other
-  round=$((round + 1))
-done
-
-median() {  # median KEY FILE
-  grep -o "$1=[0-9.]*" "$2" | cut -d= -f2 | sort -n | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.4f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
-}
-echo "medians over $rounds x $steps steps each (ms), rank 0:"
-printf '%-20s %10s %10s\n' "" loom torch
-for key in step_ms forward_ms backward_ms optimizer_ms nosync_backward_ms allreduce_ms; do
-  printf '%-20s %10s %10s\n' "$key" "$(median "$key" "$work/loom.txt")" "$(median "$key" "$work/torch.txt")"
-done
-echo "(forward_ms includes zero_grad; backward_ms includes the wait for the last bucket's all-reduce;"
-echo " nosync_backward_ms is backward without communication; allreduce_ms is the whole gradient as one all-reduce)"
-loom=$(median step_ms "$work/loom.txt")
-torch=$(median step_ms "$work/torch.txt")
-awk -v l="$loom" -v t="$torch" 'BEGIN { printf "loom_ms=%.4f torch_ms=%.4f ratio=%.4f\n", l, t, l / t }'
+"$build/tools/loom-bench" --world-sizes 2 --widths 784,256,256,10 --optimizer sgd --rounds "$rounds" \
+  --steps "$steps" --warmup 50 --strategies raw,ddp,torch_ddp --out "$work" > "$work/table.txt"
+/usr/bin/python3 - "$work/loom-bench.json" "$rounds" "$steps" <<'PY'
+import json, sys
+cells = {c["cell"]: c for c in json.load(open(sys.argv[1]))["cells"] if c["world_size"] == 2}
+for cell in ("raw", "ddp", "torch_ddp"):
+    if cells[cell]["refused"]:
+        sys.exit(f"ddp_vs_torch: loom-bench refused {cell}: {cells[cell]['refused']}")
+loom, torch, raw = cells["ddp"], cells["torch_ddp"], cells["raw"]
+print(f"medians over {sys.argv[2]} x {sys.argv[3]} steps each (ms), rank 0:")
+print(f"{'':<20} {'loom':>10} {'torch':>10}")
+print(f"{'step_ms':<20} {loom['step_ms']['median']:10.4f} {torch['step_ms']['median']:10.4f}")
+for key in ("forward_ms", "backward_ms", "optimizer_ms", "off_cpu_ms"):
+    print(f"{key:<20} {loom[key]:10.4f} {torch[key]:10.4f}")
+print(f"{'nosync_backward_ms':<20} {raw['backward_ms']:10.4f} {'-':>10}")
+print(f"{'allreduce_ms':<20} {loom['comm_alone_ms']:10.4f} {'-':>10}")
+print("(forward_ms includes zero_grad; backward_ms includes the wait for the last bucket's all-reduce;")
+print(" off_cpu_ms is the step's time off the CPU, waiting on a collective or a core; nosync_backward_ms is")
+print(" backward without communication (the raw loop's); allreduce_ms is the step's bucket all-reduces replayed")
+print(" alone)")
+print(f"loom_ms={loom['step_ms']['median']:.4f} torch_ms={torch['step_ms']['median']:.4f} "
+      f"ratio={loom['step_ms']['median'] / torch['step_ms']['median']:.4f}")
+PY

@@ -24,6 +24,7 @@
 #   hybrid sharding (groups that are not the world) out.
 # - --fit-network writes a network file --network reads back; a file that
 #   is not one is refused before anything runs, saying what is expected.
+# - --optimizer sgd: the state formulas with no optimizer state hold.
 # - A model library (the char transformer's, examples/char_transformer_bench.cpp,
 #   through loom/util/bench_model.hpp's entry point) trains under raw, ddp,
 #   fsdp and model_parallel at 2 ranks, the header names it, and it has no
@@ -259,6 +260,24 @@ for c in wrong:
 print(f"padded units at 3 ranks: {len(cells) - len(wrong)} of {len(cells)} cells carry the formula's payload and "
       "hold the formula's state")
 sys.exit(1 if wrong or len(cells) != 5 else 0)
+EOF
+
+# --optimizer sgd (no optimizer state): every state formula's K is 0; the
+# peers train with SGD too.
+timeout 60 "$bench" $small --world-sizes 2 --optimizer sgd --out sgd \
+  --strategies raw,fsdp,fsdp+sharding_strategy=SHARD_GRAD_OP,deepspeed_stage_1,model_parallel,torch_ddp \
+  > sgd.txt 2>&1 || { cat sgd.txt; echo "FAIL: loom-bench --optimizer sgd failed"; exit 1; }
+/usr/bin/python3 - sgd/loom-bench.json <<'EOF'
+import json, sys
+cells = json.load(open(sys.argv[1]))["cells"]
+slack = lambda c: 8 * 32 * 4 if c["cell"] == "model_parallel" else 0
+wrong = [c for c in cells if c["refused"] or (not c["peer"] and not (
+    c["state_formula_bytes"] is not None and
+    c["state_formula_bytes"] <= c["state_bytes"] <= c["state_formula_bytes"] + slack(c)))]
+for c in wrong:
+    print(f"{c['cell']} with SGD: {c['refused']} state {c['state_bytes']}, formula {c['state_formula_bytes']}")
+print(f"--optimizer sgd: {len(cells) - len(wrong)} of {len(cells)} cells hold the formula's state (K = 0) or ran")
+sys.exit(1 if wrong or len(cells) != 6 else 0)
 EOF
 
 # mpirun (a TCP rendezvous): one loom cell besides raw runs; two are refused

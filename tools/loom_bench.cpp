@@ -120,9 +120,10 @@ void report(std::vector<loom_bench::cell_result> results, const arguments& args,
   const std::string tunables = loom::cluster::setting_text("GLIBC_TUNABLES").value_or("");
   const std::string model = !results.empty() && !results.front().model.empty() ? results.front().model
                                                                                : "MLP " + args.widths;
-  std::printf("loom-bench on %s; %s, batch %lld per data-parallel rank, Adam, %d measured steps per cell "
+  std::printf("loom-bench on %s; %s, batch %lld per data-parallel rank, %s, %d measured steps per cell "
               "(after %d), interleaved in blocks of %d; denormals flushed to zero in every cell; malloc: %s\n\n",
               machine().c_str(), model.c_str(), static_cast<long long>(args.worker.batch_per_rank),
+              args.worker.optimizer == "sgd" ? "SGD (lr 0.01)" : "Adam (lr 1e-3)",
               args.worker.steps, args.worker.warmup, args.worker.block,
               tunables.empty() ? "glibc's defaults" : ("GLIBC_TUNABLES=" + tunables).c_str());
   std::ostringstream table;
@@ -269,7 +270,7 @@ void run_peers(const arguments& args, const std::vector<std::string>& peers, std
               {"/usr/bin/python3", script.string(), "--widths", args.widths, "--batch",
                std::to_string(args.worker.batch_per_rank), "--steps", std::to_string(args.worker.steps),
                "--warmup", std::to_string(args.worker.warmup), "--block", std::to_string(args.worker.block),
-               "--cells", join(peers), "--results", file},
+               "--cells", join(peers), "--results", file, "--optimizer", args.worker.optimizer},
               {{"RANK", std::to_string(rank)}, {"WORLD_SIZE", std::to_string(world_size)},
                {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}, {"OMP_NUM_THREADS", threads}});
   }
@@ -310,7 +311,8 @@ bool run_worker_set(const arguments& args, const std::vector<std::string>& cells
              args.worker.model_library, "--model-options", args.worker.model_options, "--batch",
              std::to_string(args.worker.batch_per_rank), "--steps", std::to_string(args.worker.steps), "--warmup",
              std::to_string(args.worker.warmup), "--block", std::to_string(args.worker.block), "--replays",
-             std::to_string(args.worker.replays), "--results", file, "--fit-in-run", fit_file},
+             std::to_string(args.worker.replays), "--results", file, "--fit-in-run", fit_file, "--optimizer",
+             args.worker.optimizer},
             {});
   if (!run_job(job, file, "the worker set of " + std::to_string(world_size) + " rank(s)", results)) return false;
   if (fit && std::filesystem::exists(fit_file)) {
@@ -379,6 +381,8 @@ int main(int argc, char** argv) {
                  "a shared library giving the model instead of the MLP (its loom_bench_model entry point: "
                  "loom/util/bench_model.hpp; e.g. build/examples/libloom_bench_char_transformer.so)");
   app.add_option("--model-options", args.worker.model_options, "the options the model library is given");
+  app.add_option("--optimizer", args.worker.optimizer, "adam (lr 1e-3) or sgd (lr 0.01, no momentum), every cell's")
+      ->check(CLI::IsMember({"adam", "sgd"}))->capture_default_str();
   app.add_option("--world-sizes", args.world_sizes, "ranks per worker set, comma-separated")->capture_default_str();
   app.add_option("--widths", args.widths, "the MLP's widths: input,hidden...,classes (default 784,1024,1024,1024,10)");
   app.add_option("--batch", args.worker.batch_per_rank, "samples per data-parallel rank and step")

@@ -100,26 +100,29 @@ char zero_stage(const cell& spec) {
 
 }  // namespace
 
+double optimizer_state_bytes(std::string_view optimizer) { return optimizer == "sgd" ? 0 : 8; }
+
 std::optional<double> state_formula(const cell& spec, const std::vector<std::int64_t>& widths, int world_size,
-                                    std::string_view precision) {
+                                    std::string_view precision, double optimizer_bytes) {
   const std::string& name = spec.strategy;
   if (precision != "32-true") return std::nullopt;
   const auto [psi, padded] = counts_of(widths, world_size);
   const double n = world_size;
+  const double k = optimizer_bytes;  // per parameter
   if (name.rfind("ddp", 0) == 0) return std::nullopt;
-  if (spec.is_raw() || name == "single_device" || name == "parallel" || world_size == 1) return 16 * psi;
+  if (spec.is_raw() || name == "single_device" || name == "parallel" || world_size == 1) return (8 + k) * psi;
   if (name == "fsdp" || name == "fsdp_cpu_offload") {
     const std::string sharding = spec.option("sharding_strategy", "FULL_SHARD");
-    if (sharding == "NO_SHARD") return 16 * psi;
-    if (sharding == "SHARD_GRAD_OP") return 4 * (padded + 3 * padded / n);
+    if (sharding == "NO_SHARD") return (8 + k) * psi;
+    if (sharding == "SHARD_GRAD_OP") return 4 * padded + (4 + k) * padded / n;
     if (sharding == "HYBRID_SHARD" && spec.option("device_mesh_replicate", "1") != "1") return std::nullopt;
-    return 16 * padded / n;
+    return (8 + k) * padded / n;
   }
   if (name.rfind("deepspeed", 0) == 0 && name.find("nvme") == std::string::npos) {
     switch (zero_stage(spec)) {
-      case '1': return 4 * (2 * padded + 2 * padded / n);
-      case '2': return 4 * (padded + 3 * padded / n);
-      default: return 16 * padded / n;
+      case '1': return 8 * padded + k * padded / n;
+      case '2': return 4 * padded + (4 + k) * padded / n;
+      default: return (8 + k) * padded / n;
     }
   }
   if (name == "model_parallel" && spec.option("data_parallel_size", "1") == "1" && widths.size() % 2 == 1) {
@@ -129,7 +132,7 @@ std::optional<double> state_formula(const cell& spec, const std::vector<std::int
       const double bias = static_cast<double>(widths[i + 1]);
       local += weight + (i % 2 == 1 ? bias : bias / n);
     }
-    return 16 * local;
+    return (8 + k) * local;
   }
   return std::nullopt;
 }

@@ -69,15 +69,17 @@ std::vector<std::string> one_rank_cells();
 // No value where no formula is written yet (other precisions, 2-D meshes).
 //
 // state_formula: the bytes of model state a rank holds between steps
-// (parameters, gradients, Adam's two moments, the engine's flat buffers),
-// at 32-true, with Ψ and P (in elements here) as above:
-//   raw, single_device, parallel, fsdp NO_SHARD, any cell at N = 1: 16Ψ
-//   fsdp FULL_SHARD (HYBRID_SHARD on one replica), ZeRO-3: 16P/N
-//   fsdp SHARD_GRAD_OP, ZeRO-2: 4P + 12P/N (full parameters kept, in the
-//     units' padded flat buffers)
-//   ZeRO-1: 8P + 8P/N (full parameters and gradients kept, padded)
+// (parameters, gradients, the optimizer's state: K bytes per parameter,
+// Adam's two moments 8, plain SGD's none 0; the engine's flat buffers), at
+// 32-true, with Ψ and P (in elements here) as above; with Adam (K = 8):
+//   raw, single_device, parallel, fsdp NO_SHARD, any cell at N = 1:
+//     (8 + K)Ψ = 16Ψ
+//   fsdp FULL_SHARD (HYBRID_SHARD on one replica), ZeRO-3: (8 + K)P/N = 16P/N
+//   fsdp SHARD_GRAD_OP, ZeRO-2: 4P + (4 + K)P/N = 4P + 12P/N (full
+//     parameters kept, in the units' padded flat buffers)
+//   ZeRO-1: 8P + KP/N = 8P + 8P/N (full parameters and gradients kept, padded)
 //   model_parallel, tensor parallel N on one data-parallel rank, an even
-//     number of layers: 16 x this rank's parameters (column-wise layers:
+//     number of layers: (8 + K) = 16 x this rank's parameters (column-wise layers:
 //     weight and bias / N; row-wise: weight / N, the bias whole). The
 //     tensor-parallel group may also keep a pooled receive buffer of one
 //     activation (batch x width floats; measured: 0 or 1 KiB at batch 8,
@@ -86,7 +88,9 @@ std::vector<std::string> one_rank_cells();
 // two-rank exchange's receive buffer (the bucket layout's) and, with
 // find_unused_parameters, its used-parameter maps (even at one rank).
 std::optional<double> state_formula(const cell& spec, const std::vector<std::int64_t>& widths, int world_size,
-                                    std::string_view precision);
+                                    std::string_view precision, double optimizer_bytes);
+// K: the optimizer's state bytes per parameter (adam: 8, sgd: 0).
+double optimizer_state_bytes(std::string_view optimizer);
 std::optional<double> payload_formula(const cell& spec, const std::vector<std::int64_t>& widths, int world_size,
                                       std::int64_t batch, std::string_view precision);
 

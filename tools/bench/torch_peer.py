@@ -1,4 +1,4 @@
-"""loom-bench's PyTorch peers: the same MLP, batch, optimizer (Adam, lr 1e-3)
+"""loom-bench's PyTorch peers: the same MLP, batch, optimizer (Adam, lr 1e-3, or SGD, lr 0.01)
 and step, in PyTorch (Debian's python3-torch), trained side by side in the
 same processes, interleaved in blocks of steps as loom-bench's cells are:
 
@@ -72,6 +72,7 @@ def main():
     parser.add_argument("--block", type=int, required=True)
     parser.add_argument("--cells", required=True)
     parser.add_argument("--results", required=True)
+    parser.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
     args = parser.parse_args()
     widths = [int(w) for w in args.widths.split(",")]
     cells = args.cells.split(",")
@@ -86,10 +87,12 @@ def main():
     for cell in cells:
         torch.manual_seed(0)
         model = DistributedDataParallel(Mlp(widths))
+        # loom-bench's --optimizer: Adam (lr 1e-3) or plain SGD (lr 0.01).
+        kind, lr = (torch.optim.SGD, 0.01) if args.optimizer == "sgd" else (torch.optim.Adam, 1e-3)
         if cell == "torch_zero1":
-            optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-3)
+            optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=kind, lr=lr)
         else:
-            optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+            optimizer = kind(model.parameters(), lr=lr)
         runners.append({"cell": cell, "model": model, "optimizer": optimizer,
                         "step": [], "forward": [], "backward": [], "optimizer_ms": [], "off_cpu": []})
     torch.manual_seed(1 + rank)

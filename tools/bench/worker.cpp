@@ -21,6 +21,7 @@
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/module.h>
 #include <torch/optim/adam.h>
+#include <torch/optim/sgd.h>
 
 #include <algorithm>
 #include <ctime>
@@ -50,6 +51,14 @@ double thread_cpu_ms() {
   timespec now{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
   return static_cast<double>(now.tv_sec) * 1e3 + static_cast<double>(now.tv_nsec) / 1e6;
+}
+
+// The optimizer every cell trains with (--optimizer): Adam (lr 1e-3) or
+// plain SGD (lr 0.01, no momentum: no state).
+std::shared_ptr<torch::optim::Optimizer> make_optimizer(const std::string& name,
+                                                        const std::vector<at::Tensor>& parameters) {
+  if (name == "sgd") return std::make_shared<torch::optim::SGD>(parameters, torch::optim::SGDOptions(0.01));
+  return std::make_shared<torch::optim::Adam>(parameters, torch::optim::AdamOptions(1e-3));
 }
 
 // One cell at one precision: its fabric, model and optimizer, and its step.
@@ -92,10 +101,11 @@ void timed_step(step_times* times, Forward&& forward, Backward&& backward, Step&
 template <class Model, class Optimizer>
 std::function<void(step_times*)> fabric_step(std::shared_ptr<loom::AnyFabric> fabric,
                                              std::shared_ptr<loom::bench::Model> net,
-                                             std::shared_ptr<torch::optim::Adam> adam, std::shared_ptr<Model> model,
+                                             std::shared_ptr<torch::optim::Optimizer> user_optimizer,
+                                             std::shared_ptr<Model> model,
                                              std::shared_ptr<Optimizer> optimizer, batch data,
                                              std::shared_ptr<const loom::bench::model_family> family) {
-  return [fabric, net, adam, model, optimizer, data, family](step_times* times) {
+  return [fabric, net, user_optimizer, model, optimizer, data, family](step_times* times) {
     timed_step(
         times,
         [&] {
@@ -115,16 +125,16 @@ void make_raw(runner& r, const worker_options& options, const std::shared_ptr<co
   }
   at::manual_seed(0);
   auto net = std::make_shared<loom::bench::Model>(family->build());
-  auto adam = std::make_shared<torch::optim::Adam>((*net)->parameters(), torch::optim::AdamOptions(1e-3));
+  auto optimizer = make_optimizer(options.optimizer, (*net)->parameters());
   const batch data = family->make_batch(options.batch_per_rank, rank);
-  r.step = [net, adam, data, family](step_times* times) {
+  r.step = [net, optimizer, data, family](step_times* times) {
     timed_step(
         times,
         [&] {
-          adam->zero_grad();
+          optimizer->zero_grad();
           return family->loss((*net)->forward(data.inputs), data.targets);
         },
-        [](const at::Tensor& loss) { loss.backward(); }, [&] { adam->step(); });
+        [](const at::Tensor& loss) { loss.backward(); }, [&] { optimizer->step(); });
   };
 }
 
@@ -169,13 +179,13 @@ void make_fabric_cell(runner& r, const worker_options& options,
   fabric->launch();
   at::manual_seed(0);
   auto net = std::make_shared<loom::bench::Model>(family->build());
-  auto adam = std::make_shared<torch::optim::Adam>((*net)->parameters(), torch::optim::AdamOptions(1e-3));
-  auto [model, optimizer] = fabric->setup(*net, *adam);
+  auto user_optimizer = make_optimizer(options.optimizer, (*net)->parameters());
+  auto [model, optimizer] = fabric->setup(*net, *user_optimizer);
   r.global_rank = fabric->global_rank();
   const auto [data_parallel_rank, data_parallel_size] =
       mesh->value_or(std::pair<int, int>{r.global_rank, fabric->world_size()});
   r.data_parallel_size = data_parallel_size;
-  r.step = fabric_step(fabric, net, adam, std::make_shared<decltype(model)>(std::move(model)),
+  r.step = fabric_step(fabric, net, user_optimizer, std::make_shared<decltype(model)>(std::move(model)),
                        std::make_shared<decltype(optimizer)>(std::move(optimizer)),
                        family->make_batch(options.batch_per_rank, data_parallel_rank), family);
 }
@@ -225,7 +235,7 @@ std::vector<cell_result> run_cells(const worker_options& options) {
   loom::comm::time_collectives(true);
 
   // Every CPU tensor from here on is counted: a cell's model state is what
-  // stays allocated after its setup and two steps (Adam's state exists
+  // stays allocated after its setup and two steps (the optimizer's state exists
   // from the first), less its batch.
   const auto family = std::make_shared<const loom::bench::model_family>(
       options.model_library.empty() ? mlp_family(options.widths)
@@ -345,7 +355,8 @@ std::vector<cell_result> run_cells(const worker_options& options) {
       if (options.model_library.empty()) {
         result.payload_formula_bytes =
             payload_formula(r.spec, options.widths, world_size, options.batch_per_rank, result.precision);
-        result.state_formula_bytes = state_formula(r.spec, options.widths, world_size, result.precision);
+        result.state_formula_bytes = state_formula(r.spec, options.widths, world_size, result.precision,
+                                                   optimizer_state_bytes(options.optimizer));
       }
     }
     result.rss_peak_mib = rss;

@@ -18,6 +18,7 @@ struct worker_options {
   // instead of the MLP, with these options.
   std::string model_library;
   std::string model_options;
+  std::string optimizer = "adam";  // adam (lr 1e-3) | sgd (lr 0.01, no momentum)
   std::int64_t batch_per_rank = 64;  // per data-parallel rank (model_parallel: per tensor-parallel group)
   int steps = 200;                   // measured per cell
   int warmup = 20;
