@@ -1,19 +1,37 @@
 #!/bin/sh
 # bench/tp_step.sh BUILD_DIR [STEPS]: a compute-bound transformer block
-# (hidden 1024, sequence 256, batch 8; bench/tp_step_bench.cpp), tensor
-# parallel 2 with one thread per rank, against single device with one thread
-# and with two. Each line: step_ms (median over STEPS, default 3, after one
-# of warm-up), the tensor-parallel group's collectives and bytes per step,
-# and the time split (communication measured alone, compute the rest).
-# Last line: tp2_ms=X single_ms=Y ratio=R (single with one thread).
+# (hidden 1024, sequence 256, batch 8, SGD; bench/tp_block.hpp as the model
+# library build/bench/libloom_bench_tp_block.so), tensor parallel 2 with one
+# thread per rank, against single device with one thread and with two: cells
+# of loom-bench (docs/benchmarks.md), model_parallel at 1 and 2 ranks,
+#   OMP_NUM_THREADS=T loom-bench --model-library .../libloom_bench_tp_block.so --batch 8 --optimizer sgd
+#       --strategies model_parallel --world-sizes N --steps STEPS --warmup 1 --block 1
+# Each line: step_ms (median over STEPS, default 3, after one of warm-up),
+# the tensor-parallel group's collectives and bytes per step, and the time
+# split (communication: the step's collectives replayed alone; compute the
+# rest). Last line: tp2_ms=X single_ms=Y ratio=R (single with one thread).
 set -eu
 build=$(realpath "${1:-build}")
 # shellcheck source=bench/common.sh
 . "$(dirname "$0")/common.sh"
-build_bench "$build" tp_step_bench
+build_bench "$build" loom_bench_tp_block
+meson compile -C "$build" tools/loom-bench tools/loom-run >&2
 steps=${2:-3}
-run() {  # run DEVICES THREADS
-  OMP_NUM_THREADS=$2 "$build/tools/loom-run" --accelerator cpu --devices "$1" "$build/bench/tp_step_bench" "$steps"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+run() {  # run DEVICES THREADS: the line of one loom-bench run
+  OMP_NUM_THREADS=$2 "$build/tools/loom-bench" --model-library "$build/bench/libloom_bench_tp_block.so" \
+    --batch 8 --optimizer sgd --strategies model_parallel --world-sizes "$1" --steps "$steps" --warmup 1 \
+    --block 1 --replays 3 --out "$work/$1-$2" > /dev/null
+  /usr/bin/python3 - "$work/$1-$2/loom-bench.json" "$2" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))["cells"][0]
+if c["refused"]:
+    sys.exit(f"tp_step: loom-bench refused model_parallel: {c['refused']}")
+step, comm = c["step_ms"]["median"], c["comm_alone_ms"] or 0.0
+print(f"tp={c['world_size']} threads={sys.argv[2]} step_ms={step:.1f} collectives={c['collectives_per_step']:.0f} "
+      f"bytes={c['payload_bytes_per_step']:.0f} comm_ms={comm:.1f} compute_ms={step - comm:.1f}")
+PY
 }
 single=$(run 1 1)
 single2=$(run 1 2)
