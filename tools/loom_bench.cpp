@@ -63,6 +63,9 @@ struct arguments {
   std::string project;       // --project FILE: the network to project onto
   std::string project_ranks = "8,16,32,64,128,256,512,1024";
   int rounds = 1;
+  loom_bench::fit_options fit;  // --fit-network's microbenchmarks
+  std::string fit_sizes;        // --fit-sizes: payload bytes, comma-separated
+  std::string emulation = "point_to_point";
   loom_bench::worker_options worker;
 };
 
@@ -163,11 +166,14 @@ int run_fit(const arguments& args) {
   struct {
     int ranks;
     std::vector<loom_bench::sample> samples;
-  } measured{bench.ranks(), bench.measure({})};
+  } measured{bench.ranks(), bench.measure(args.fit)};
   if (measured.samples.empty()) return 0;  // not rank 0
   const auto net = loom_bench::fit_network(
       measured.samples, measured.ranks,
       "loopback: Gloo over 127.0.0.1, " + std::to_string(measured.ranks) + " ranks on " + machine() +
+          (args.fit.emulation == loom::comm::emulation::alltoall ? ", all-gather and reduce-scatter on Gloo's "
+                                                                    "alltoall and list all_gather"
+                                                                  : "") +
           " (fitted by loom-bench --fit-network)");
   loom_bench::print_fit(net);
   std::ofstream out(args.fit_network);
@@ -335,7 +341,9 @@ int run_driver(const arguments& args) {
     const auto world_size = numbers(args.world_sizes, "--world-sizes").back();
     loom::launch::supervisor job;
     job.start(0, {loom_run, "--accelerator", "cpu", "--devices", std::to_string(world_size), self, "--fit-network",
-                  std::filesystem::absolute(args.fit_network).string()},
+                  std::filesystem::absolute(args.fit_network).string(), "--fit-sizes", args.fit_sizes,
+                  "--emulation", args.emulation, "--fit-rounds", std::to_string(args.fit.rounds), "--fit-calls",
+                  std::to_string(args.fit.calls)},
               {});
     return job.wait_all().exit_code;
   }
@@ -409,6 +417,16 @@ int main(int argc, char** argv) {
                  "measure loom's collectives (all_reduce, all_gather, reduce_scatter, broadcast, barrier; 4 KiB to "
                  "16 MiB) on the largest of --world-sizes ranks (default 2), fit the alpha-beta model to them and "
                  "write it to this file; runs no cells");
+  app.add_option("--fit-sizes", args.fit_sizes,
+                 "--fit-network's payloads in bytes, comma-separated (default 4 KiB to 16 MiB, doubling)");
+  app.add_option("--fit-rounds", args.fit.rounds, "--fit-network's rounds (each kind and payload once per round)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--fit-calls", args.fit.calls, "--fit-network's calls back to back per kind, payload and round")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--emulation", args.emulation,
+                 "--fit-network: how all_gather and reduce_scatter run on Gloo: point_to_point (loom's exchange, "
+                 "what strategies use) or alltoall (Gloo's alltoall and list all_gather)")
+      ->check(CLI::IsMember({"point_to_point", "alltoall"}))->capture_default_str();
   app.add_option("--network", args.network,
                  "'fit' (fit the alpha-beta model to loom's collective microbenchmarks in this run, interleaved "
                  "with the replays it is checked against; written to OUT/network-N.json), or a network file "
@@ -439,6 +457,13 @@ int main(int argc, char** argv) {
                                    "--network FILE)");
       }
       if (args.world_sizes == "1,2") args.world_sizes = "2";
+      if (!args.fit_sizes.empty()) {
+        args.fit.payload_bytes.clear();
+        for (const auto bytes : numbers(args.fit_sizes, "--fit-sizes")) {
+          args.fit.payload_bytes.push_back(static_cast<double>(bytes));
+        }
+      }
+      if (args.emulation == "alltoall") args.fit.emulation = loom::comm::emulation::alltoall;
       if (numbers(args.world_sizes, "--world-sizes").back() < 2) {
         throw CLI::ValidationError("--fit-network needs 2 or more ranks (--world-sizes 2)");
       }

@@ -89,6 +89,7 @@ int collective_bench::ranks() const { return state_->group->size(); }
 int collective_bench::rank() const { return state_->group->rank(); }
 
 void collective_bench::measure_round(const fit_options& options) {
+  state_->group->set_emulation(options.emulation);
   // As OSU's and nccl-tests' loops do: `calls` back to back after a
   // barrier, the mean per call (what a step's collectives see one after
   // another, the ranks' skew included), one value per round.

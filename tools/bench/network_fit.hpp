@@ -8,6 +8,7 @@
 
 #include "network_model.hpp"
 
+#include <loom/comm/capabilities.hpp>
 #include <loom/comm/traffic.hpp>
 
 #include <memory>
@@ -25,6 +26,10 @@ struct fit_options {
   }();
   int rounds = 9;
   int calls = 5;  // timed back to back per kind, size and round (after one untimed)
+  // How all_gather_into and reduce_scatter_into run on Gloo: loom's
+  // point-to-point exchange (what strategies use), or the measured fallbacks
+  // (Gloo's alltoall, its list all_gather): loom::comm::emulation.
+  loom::comm::emulation emulation = loom::comm::emulation::point_to_point;
 };
 
 class collective_bench {
