@@ -1,36 +1,53 @@
 #!/bin/sh
 # bench/ddp_mpi_vs_gloo.sh BUILD_DIR [STEPS]: the DDP step of bench/ddp_vs_torch.sh's
-# model (build/bench/ddp_step_bench: MLP 784-256-256-10, batch 64 per rank,
-# SGD, fp32) on 2 ranks under mpirun, on loom's MPI process group and on its
-# Gloo group, in alternating jobs (ROUNDS, default 4, of each); medians of
-# step_ms on rank 0; also the MPI group without asynchronous completion
-# (LOOM_MPI_SYNCHRONOUS=1). The last line is ddp_mpi_ms=X ddp_gloo_ms=Y ratio=R.
+# model (MLP 784-256-256-10, batch 64 per rank, SGD, fp32) on 2 ranks under
+# mpirun, on loom's MPI process group and on its Gloo group, in alternating
+# jobs (ROUNDS, default 4, of each); medians of the step on rank 0 over all
+# rounds; also the MPI group without asynchronous completion
+# (LOOM_MPI_SYNCHRONOUS=1). Each job is one loom-bench cell (docs/benchmarks.md):
+#   mpirun -n 2 loom-bench --widths 784,256,256,10 --optimizer sgd --warmup 50 --steps STEPS/ROUNDS
+#                          --strategies ddp+process_group_backend=mpi    (or ddp: Gloo)
+# The last line is ddp_mpi_ms=X ddp_gloo_ms=Y ratio=R.
 set -eu
 build=$(realpath "${1:-build}")
-# shellcheck source=bench/common.sh
-. "$(dirname "$0")/common.sh"
-build_bench "$build" ddp_step_bench
+meson compile -C "$build" tools/loom-bench >&2
 steps=${2:-200}
 rounds=${ROUNDS:-4}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1
 per=$((steps / rounds))
-for _ in $(seq 1 "$rounds"); do
-  mpirun --allow-run-as-root --oversubscribe -n 2 "$build/bench/ddp_step_bench" "$per" 2>/dev/null |
-    grep '^step_ms=' | head -n "$per" >> "$work/gloo"
-  mpirun --allow-run-as-root --oversubscribe -n 2 -x LOOM_BENCH_BACKEND=mpi "$build/bench/ddp_step_bench" "$per" 2>/dev/null |
-    grep '^step_ms=' | head -n "$per" >> "$work/mpi"
+job() {  # job NAME CELL [mpirun -x options]: one round of one variant, into $work/NAME-ROUND
+  name=$1
+  cell=$2
+  shift 2
+  mpirun --allow-run-as-root --oversubscribe -n 2 "$@" "$build/tools/loom-bench" --widths 784,256,256,10 \
+    --optimizer sgd --warmup 50 --steps "$per" --strategies "$cell" --out "$work/$name-$round" \
+    > "$work/$name-$round.log" 2>&1 || { cat "$work/$name-$round.log" >&2; exit 1; }
+}
+for round in $(seq 1 "$rounds"); do
+  job gloo ddp
+  job mpi ddp+process_group_backend=mpi
   # The same without asynchronous completion: each all-reduce runs to its end
   # in the autograd thread that issued it, overlapping nothing.
-  mpirun --allow-run-as-root --oversubscribe -n 2 -x LOOM_BENCH_BACKEND=mpi -x LOOM_MPI_SYNCHRONOUS=1 \
-    "$build/bench/ddp_step_bench" "$per" 2>/dev/null | grep '^step_ms=' | head -n "$per" >> "$work/mpi_sync"
+  job mpi_sync ddp+process_group_backend=mpi -x LOOM_MPI_SYNCHRONOUS=1
 done
-median() { grep -o 'step_ms=[0-9.]*' "$1" | cut -d= -f2 | sort -n |
-  awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.4f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-m=$(median "$work/mpi")
-g=$(median "$work/gloo")
-s=$(median "$work/mpi_sync")
-echo "DDP step, 2 ranks, $(grep -c step_ms "$work/mpi") and $(grep -c step_ms "$work/gloo") steps: MPI group $m ms, Gloo group $g ms"
-awk -v a="$s" -v b="$g" 'BEGIN { printf "without asynchronous completion: MPI group %.4f ms, ratio to Gloo %.4f\n", a, a / b }'
-awk -v a="$m" -v b="$g" 'BEGIN { printf "ddp_mpi_ms=%.4f ddp_gloo_ms=%.4f ratio=%.4f\n", a, b, a / b }'
+/usr/bin/python3 - "$work" "$rounds" <<'PY'
+import glob, json, statistics, sys
+work, rounds = sys.argv[1], int(sys.argv[2])
+def steps(name):
+    pooled = []
+    for path in sorted(glob.glob(f"{work}/{name}-*/loom-bench.json")):
+        cell = json.load(open(path))["cells"][-1]
+        if cell["refused"]:
+            sys.exit(f"ddp_mpi_vs_gloo: loom-bench refused {cell['cell']}: {cell['refused']}")
+        pooled += cell["samples"]["step"]
+    if len(glob.glob(f"{work}/{name}-*/loom-bench.json")) != rounds:
+        sys.exit(f"ddp_mpi_vs_gloo: {name}: not every round ran")
+    return pooled
+mpi, gloo, sync = steps("mpi"), steps("gloo"), steps("mpi_sync")
+m, g, s = statistics.median(mpi), statistics.median(gloo), statistics.median(sync)
+print(f"DDP step, 2 ranks, {len(mpi)} and {len(gloo)} steps: MPI group {m:.4f} ms, Gloo group {g:.4f} ms")
+print(f"without asynchronous completion: MPI group {s:.4f} ms, ratio to Gloo {s / g:.4f}")
+print(f"ddp_mpi_ms={m:.4f} ddp_gloo_ms={g:.4f} ratio={m / g:.4f}")
+PY
