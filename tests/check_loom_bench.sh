@@ -25,6 +25,7 @@
 # - --fit-network writes a network file --network reads back; a file that
 #   is not one is refused before anything runs, saying what is expected.
 # - --optimizer sgd: the state formulas with no optimizer state hold.
+# - ddp at bf16-true on Gloo is refused saying what works; fsdp runs.
 # - A model library (the char transformer's, examples/char_transformer_bench.cpp,
 #   through loom/util/bench_model.hpp's entry point) trains under raw, ddp,
 #   fsdp and model_parallel at 2 ranks, the header names it, and it has no
@@ -279,6 +280,18 @@ for c in wrong:
 print(f"--optimizer sgd: {len(cells) - len(wrong)} of {len(cells)} cells hold the formula's state (K = 0) or ran")
 sys.exit(1 if wrong or len(cells) != 6 else 0)
 EOF
+
+# ddp under bf16-true on Gloo (which moves no bfloat16) is refused with what
+# works, on both ranks, before any collective; fsdp runs.
+timeout 60 "$bench" $small --world-sizes 2 --precisions bf16-true --strategies ddp,fsdp --out '' > bf16.txt 2>&1 ||
+  { cat bf16.txt; echo "FAIL: loom-bench at bf16-true failed"; exit 1; }
+if ! grep -q '^| ddp | bf16-true | 2 | refused: ddp: the module holds BFloat16 tensors, which Gloo cannot' bf16.txt ||
+    ! grep -q '^| fsdp | bf16-true | 2 | [0-9]' bf16.txt; then
+  cat bf16.txt
+  echo "FAIL: ddp at bf16-true on Gloo was not refused with what works (or fsdp did not run)"
+  exit 1
+fi
+echo "bf16-true: ddp refused with what works, fsdp ran"
 
 # mpirun (a TCP rendezvous): one loom cell besides raw runs; two are refused
 # up front with what to do instead, not left waiting on each other.

@@ -95,6 +95,21 @@ ddp_engine::ddp_engine(torch::nn::Module& module, comm::process_group& world, co
     self.local = true;
     return;
   }
+  // c10d's broadcast of the module's state and the Reducer's bucket
+  // all-reduces go to Gloo as they are: a dtype it cannot move fails there
+  // with "Invalid scalar type". Refused here, saying what works.
+  if (options.process_group_backend == comm::backend::gloo) {
+    std::vector<at::Tensor> state = self.parameters;
+    state.insert(state.end(), self.buffers.begin(), self.buffers.end());
+    for (const auto& tensor : state) {
+      if (comm::gloo_supports(tensor.scalar_type())) continue;
+      throw configuration_error(
+          std::string("ddp: the module holds ") + c10::toString(tensor.scalar_type()) +
+          " tensors, which Gloo cannot broadcast or all-reduce (it moves float32, float64, float16 and integers). "
+          "Train with a mixed precision (bf16-mixed keeps float32 parameters), or with fsdp or deepspeed, whose "
+          "collectives carry bfloat16 as float32 on Gloo");
+    }
+  }
   // A group of its own, over every rank of the world.
   std::vector<int> everyone(static_cast<std::size_t>(world.size()));
   for (int r = 0; r < world.size(); ++r) everyone[static_cast<std::size_t>(r)] = r;
