@@ -108,8 +108,9 @@ void trace_collectives(std::vector<traced_collective>* trace) noexcept;
 // Turns communication timing on or off for this process (off at start).
 // On, each collective entered gets a completion callback on its work (one
 // allocation per collective): a measurement's cost, which training without
-// it does not pay (off: one relaxed load per collective). Collectives
-// already in flight when it is turned off are still timed to completion.
+// it does not pay (off, with no trace set: two relaxed loads per
+// collective). Collectives already in flight when it is turned off are
+// still timed to completion.
 void time_collectives(bool on) noexcept;
 
 }  // namespace loom::comm
