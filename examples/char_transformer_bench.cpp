@@ -20,7 +20,6 @@
 
 #include <map>
 #include <memory>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -37,25 +36,7 @@ char_transformer::shape parse(const std::string& text) {
   char_transformer::shape shape;
   std::map<std::string, int64_t*> keys{
       {"context", &shape.context}, {"dim", &shape.dim}, {"heads", &shape.heads}, {"layers", &shape.layers}};
-  std::stringstream items(text);
-  for (std::string item; std::getline(items, item, ',');) {
-    if (item.empty()) continue;
-    const auto equals = item.find('=');
-    const auto key = keys.find(item.substr(0, equals));
-    std::size_t used = 0;
-    long long value = 0;
-    if (equals != std::string::npos && key != keys.end()) {
-      try {
-        value = std::stoll(item.substr(equals + 1), &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-    }
-    if (key == keys.end() || used == 0 || used != item.size() - equals - 1 || value < 1) {
-      throw std::invalid_argument("'" + item + "' is not KEY=N with KEY one of context, dim, heads, layers and N >= 1");
-    }
-    *key->second = value;
-  }
+  loom::bench::read_whole_number_options(text, keys);
   if (shape.dim % shape.heads != 0) {
     throw std::invalid_argument("dim " + std::to_string(shape.dim) + " does not split into " +
                                 std::to_string(shape.heads) + " heads");

@@ -15,7 +15,8 @@
 //
 // loom-bench seeds the generator (at::manual_seed(0)) before each build, so
 // every rank and every cell starts from the same weights; it trains with
-// Adam (lr 1e-3) on one fixed batch per data-parallel rank.
+// --optimizer's optimizer (Adam, lr 1e-3, unless sgd) on one fixed batch
+// per data-parallel rank.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -24,7 +25,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 
 namespace loom::comm {
@@ -62,6 +66,33 @@ struct model_family {
   // model_parallel for this model.
   std::function<void(torch::nn::Module& module, loom::comm::device_mesh& mesh)> parallelize;
 };
+
+// Reads a library's options, "KEY=N,KEY=N" (each N a whole number >= 1),
+// into the fields `keys` names; keys left out keep their values. Throws
+// std::invalid_argument naming the item and the keys accepted.
+inline void read_whole_number_options(const std::string& text, const std::map<std::string, std::int64_t*>& keys) {
+  std::stringstream items(text);
+  for (std::string item; std::getline(items, item, ',');) {
+    if (item.empty()) continue;
+    const auto equals = item.find('=');
+    const auto key = keys.find(item.substr(0, equals));
+    std::size_t used = 0;
+    long long value = 0;
+    if (equals != std::string::npos && key != keys.end()) {
+      try {
+        value = std::stoll(item.substr(equals + 1), &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+    }
+    if (key == keys.end() || used == 0 || used != item.size() - equals - 1 || value < 1) {
+      std::string accepted;
+      for (const auto& [name, field] : keys) accepted += (accepted.empty() ? "" : ", ") + name;
+      throw std::invalid_argument("'" + item + "' is not KEY=N with KEY one of " + accepted + " and N >= 1");
+    }
+    *key->second = value;
+  }
+}
 
 // The entry point's name and type.
 inline constexpr const char* model_entry_point = "loom_bench_model";
