@@ -32,16 +32,16 @@ for round in $(seq 1 "$rounds"); do
   # in the autograd thread that issued it, overlapping nothing.
   job mpi_sync ddp+process_group_backend=mpi -x LOOM_MPI_SYNCHRONOUS=1
 done
-/usr/bin/python3 - "$work" "$rounds" <<'PY'
-import glob, json, statistics, sys
-work, rounds = sys.argv[1], int(sys.argv[2])
+/usr/bin/python3 - "$(dirname "$(realpath "$0")")" "$work" "$rounds" <<'PY'
+import glob, statistics, sys
+sys.path.insert(0, sys.argv[1])
+from loom_bench_cells import measured
+work, rounds = sys.argv[2], int(sys.argv[3])
+cell_of = {"gloo": "ddp", "mpi": "ddp+process_group_backend=mpi", "mpi_sync": "ddp+process_group_backend=mpi"}
 def steps(name):
     pooled = []
     for path in sorted(glob.glob(f"{work}/{name}-*/loom-bench.json")):
-        cell = json.load(open(path))["cells"][-1]
-        if cell["refused"]:
-            sys.exit(f"ddp_mpi_vs_gloo: loom-bench refused {cell['cell']}: {cell['refused']}")
-        pooled += cell["samples"]["step"]
+        pooled += measured(path, "ddp_mpi_vs_gloo", [cell_of[name]])[cell_of[name]]["samples"]["step"]
     if len(glob.glob(f"{work}/{name}-*/loom-bench.json")) != rounds:
         sys.exit(f"ddp_mpi_vs_gloo: {name}: not every round ran")
     return pooled

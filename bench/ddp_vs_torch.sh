@@ -23,14 +23,13 @@ trap 'rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1
 "$build/tools/loom-bench" --world-sizes 2 --widths 784,256,256,10 --optimizer sgd --rounds "$rounds" \
   --steps "$steps" --warmup 50 --strategies raw,ddp,torch_ddp --out "$work" > "$work/table.txt"
-/usr/bin/python3 - "$work/loom-bench.json" "$rounds" "$steps" <<'PY'
-import json, sys
-cells = {c["cell"]: c for c in json.load(open(sys.argv[1]))["cells"] if c["world_size"] == 2}
-for cell in ("raw", "ddp", "torch_ddp"):
-    if cells[cell]["refused"]:
-        sys.exit(f"ddp_vs_torch: loom-bench refused {cell}: {cells[cell]['refused']}")
+/usr/bin/python3 - "$(dirname "$(realpath "$0")")" "$work/loom-bench.json" "$rounds" "$steps" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+from loom_bench_cells import measured
+cells = measured(sys.argv[2], "ddp_vs_torch", ["raw", "ddp", "torch_ddp"], world_size=2)
 loom, torch, raw = cells["ddp"], cells["torch_ddp"], cells["raw"]
-print(f"medians over {sys.argv[2]} x {sys.argv[3]} steps each (ms), rank 0:")
+print(f"medians over {sys.argv[3]} x {sys.argv[4]} steps each (ms), rank 0:")
 print(f"{'':<20} {'loom':>10} {'torch':>10}")
 print(f"{'step_ms':<20} {loom['step_ms']['median']:10.4f} {torch['step_ms']['median']:10.4f}")
 for key in ("forward_ms", "backward_ms", "optimizer_ms", "off_cpu_ms"):

@@ -23,16 +23,15 @@ export OMP_NUM_THREADS=1
 "$build/tools/loom-bench" --world-sizes 2 --steps "$steps" --out "$work" \
   --strategies raw,fsdp,fsdp+forward_prefetch=false+backward_prefetch=false,fsdp+sharding_strategy=SHARD_GRAD_OP,ddp \
   > "$work/table.txt"
-/usr/bin/python3 - "$work/loom-bench.json" "$steps" <<'PY'
-import json, sys
-cells = {c["cell"]: c for c in json.load(open(sys.argv[1]))["cells"] if c["world_size"] == 2}
+/usr/bin/python3 - "$(dirname "$(realpath "$0")")" "$work/loom-bench.json" "$steps" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+from loom_bench_cells import measured
 names = [("full_shard", "fsdp"), ("full_shard_no_prefetch", "fsdp+forward_prefetch=false+backward_prefetch=false"),
          ("shard_grad_op", "fsdp+sharding_strategy=SHARD_GRAD_OP"), ("ddp", "ddp"), ("compute", "raw")]
-for config, cell in names:
-    if cells[cell]["refused"]:
-        sys.exit(f"fsdp_vs_ddp: loom-bench refused {cell}: {cells[cell]['refused']}")
+cells = measured(sys.argv[2], "fsdp_vs_ddp", [cell for _, cell in names], world_size=2)
 step = {config: cells[cell]["step_ms"]["median"] for config, cell in names}
-print(f"medians over {sys.argv[2]} steps each (ms), rank 0 of 2:")
+print(f"medians over {sys.argv[3]} steps each (ms), rank 0 of 2:")
 print(f"{'config':<24} {'step':>10} {'forward':>10} {'backward':>10} {'optimizer':>10} {'exposed_comm':>10}")
 for config, cell in names:
     c = cells[cell]

@@ -23,13 +23,13 @@ run() {  # run DEVICES THREADS: the line of one loom-bench run
   OMP_NUM_THREADS=$2 "$build/tools/loom-bench" --model-library "$build/bench/libloom_bench_tp_block.so" \
     --batch 8 --optimizer sgd --strategies model_parallel --world-sizes "$1" --steps "$steps" --warmup 1 \
     --block 1 --replays 3 --out "$work/$1-$2" > /dev/null
-  /usr/bin/python3 - "$work/$1-$2/loom-bench.json" "$2" <<'PY'
-import json, sys
-c = json.load(open(sys.argv[1]))["cells"][0]
-if c["refused"]:
-    sys.exit(f"tp_step: loom-bench refused model_parallel: {c['refused']}")
+  /usr/bin/python3 - "$(dirname "$(realpath "$0")")" "$work/$1-$2/loom-bench.json" "$2" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+from loom_bench_cells import measured
+c = measured(sys.argv[2], "tp_step", ["model_parallel"])["model_parallel"]
 step, comm = c["step_ms"]["median"], c["comm_alone_ms"] or 0.0
-print(f"tp={c['world_size']} threads={sys.argv[2]} step_ms={step:.1f} collectives={c['collectives_per_step']:.0f} "
+print(f"tp={c['world_size']} threads={sys.argv[3]} step_ms={step:.1f} collectives={c['collectives_per_step']:.0f} "
       f"bytes={c['payload_bytes_per_step']:.0f} comm_ms={comm:.1f} compute_ms={step - comm:.1f}")
 PY
 }

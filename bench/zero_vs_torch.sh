@@ -22,16 +22,15 @@ trap 'rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1
 "$build/tools/loom-bench" --world-sizes 2 --rounds "$rounds" --steps $((steps / rounds)) --out "$work" \
   --strategies deepspeed_stage_1,deepspeed_stage_2,deepspeed_stage_3,ddp,torch_zero1,torch_ddp > "$work/table.txt"
-/usr/bin/python3 - "$work/loom-bench.json" "$rounds" <<'PY'
-import json, sys
-cells = {c["cell"]: c for c in json.load(open(sys.argv[1]))["cells"] if c["world_size"] == 2}
+/usr/bin/python3 - "$(dirname "$(realpath "$0")")" "$work/loom-bench.json" "$rounds" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+from loom_bench_cells import measured
 names = [("zero1", "deepspeed_stage_1"), ("zero2", "deepspeed_stage_2"), ("zero3", "deepspeed_stage_3"),
          ("ddp", "ddp"), ("torch_zero1", "torch_zero1"), ("torch_ddp_adam", "torch_ddp")]
-for config, cell in names:
-    if cells[cell]["refused"]:
-        sys.exit(f"zero_vs_torch: loom-bench refused {cell}: {cells[cell]['refused']}")
+cells = measured(sys.argv[2], "zero_vs_torch", [cell for _, cell in names], world_size=2)
 step = {config: cells[cell]["step_ms"]["median"] for config, cell in names}
-print(f"medians of step_ms on rank 0 of 2 ({sys.argv[2]} alternating rounds of loom and PyTorch):")
+print(f"medians of step_ms on rank 0 of 2 ({sys.argv[3]} alternating rounds of loom and PyTorch):")
 for config, cell in names:
     print(f"{config:<16} {step[config]:10.4f} ms  ({cells[cell]['steps']} steps)")
 for a, b, text in (("zero1", "ddp", "loom zero1 / loom ddp+adam (goal <= 1.05)"),
