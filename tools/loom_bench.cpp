@@ -67,6 +67,10 @@ struct arguments {
   std::string fit_sizes;        // --fit-sizes: payload bytes, comma-separated
   std::string emulation = "point_to_point";
   loom_bench::worker_options worker;
+  // Read once, while the arguments are checked.
+  std::optional<loom_bench::network> network_file;  // --network FILE (not fit)
+  std::optional<loom_bench::network> project_file;  // --project FILE
+  std::vector<std::int64_t> project_rank_counts;
 };
 
 std::string join(const std::vector<std::string>& items) {
@@ -113,9 +117,8 @@ void report(std::vector<loom_bench::cell_result> results, const arguments& args,
   loom_bench::compare(results);
   // The network model per world size: fitted in the run, or the file's.
   std::map<int, loom_bench::network> models = fitted;
-  if (!args.network.empty() && args.network != "fit") {
-    const auto net = loom_bench::read_network(args.network);
-    for (const auto& r : results) models.emplace(r.world_size, net);
+  if (args.network_file) {
+    for (const auto& r : results) models.emplace(r.world_size, *args.network_file);
   }
   loom_bench::predict(results, models);
   // glibc's malloc settings change CPU step times by tens of percent
@@ -142,10 +145,7 @@ void report(std::vector<loom_bench::cell_result> results, const arguments& args,
   }
   for (const auto& [world_size, net] : fitted) loom_bench::print_fit(net);
   if (!models.empty()) loom_bench::print_validation(results, models);
-  if (!args.project.empty()) {
-    loom_bench::print_projection(results, loom_bench::read_network(args.project),
-                                 numbers(args.project_ranks, "--project-ranks"));
-  }
+  if (args.project_file) loom_bench::print_projection(results, *args.project_file, args.project_rank_counts);
   if (args.one_rank_overhead) {
     const loom_bench::cell_result* worst = nullptr;
     for (const auto& r : results) {
@@ -163,14 +163,11 @@ void report(std::vector<loom_bench::cell_result> results, const arguments& args,
 // the microbenchmarks, writes the network file and prints both.
 int run_fit(const arguments& args) {
   loom_bench::collective_bench bench;
-  struct {
-    int ranks;
-    std::vector<loom_bench::sample> samples;
-  } measured{bench.ranks(), bench.measure(args.fit)};
-  if (measured.samples.empty()) return 0;  // not rank 0
+  const auto samples = bench.measure(args.fit);
+  if (samples.empty()) return 0;  // not rank 0
   const auto net = loom_bench::fit_network(
-      measured.samples, measured.ranks,
-      "loopback: Gloo over 127.0.0.1, " + std::to_string(measured.ranks) + " ranks on " + machine() +
+      samples, bench.ranks(),
+      "loopback: Gloo over 127.0.0.1, " + std::to_string(bench.ranks()) + " ranks on " + machine() +
           (args.fit.emulation == loom::comm::emulation::alltoall ? ", all-gather and reduce-scatter on Gloo's "
                                                                     "alltoall and list all_gather"
                                                                   : "") +
@@ -375,6 +372,65 @@ int run_driver(const arguments& args) {
 
 }  // namespace
 
+// The arguments after parsing: defaults that depend on others, loom-run's
+// choices, the lists and files read and checked. Throws
+// CLI::ValidationError saying what is wrong.
+void complete(arguments& args) {
+  if (args.one_rank_overhead) {
+    if (!args.strategies.empty() || !args.precisions.empty() || args.world_sizes != "1,2") {
+      throw CLI::ValidationError("--one-rank-overhead runs its own cells at one rank in 32-true: leave "
+                                 "--strategies, --precisions and --world-sizes out");
+    }
+    args.world_sizes = "1";
+    args.worker.cells = loom_bench::one_rank_cells();
+  }
+  if (!args.fit_network.empty()) {
+    if (!args.strategies.empty() || !args.network.empty() || !args.project.empty() || args.one_rank_overhead) {
+      throw CLI::ValidationError("--fit-network measures collectives only: leave --strategies, --network, "
+                                 "--project and --one-rank-overhead out (fit first, then run the matrix with "
+                                 "--network FILE)");
+    }
+    if (args.world_sizes == "1,2") args.world_sizes = "2";
+    if (!args.fit_sizes.empty()) {
+      args.fit.payload_bytes.clear();
+      for (const auto bytes : numbers(args.fit_sizes, "--fit-sizes")) {
+        args.fit.payload_bytes.push_back(static_cast<double>(bytes));
+      }
+    }
+    if (args.emulation == "alltoall") args.fit.emulation = loom::comm::emulation::alltoall;
+    if (numbers(args.world_sizes, "--world-sizes").back() < 2) {
+      throw CLI::ValidationError("--fit-network needs 2 or more ranks (--world-sizes 2)");
+    }
+  }
+  // A network file that cannot be used is refused before anything runs.
+  try {
+    if (!args.network.empty() && args.network != "fit") args.network_file = loom_bench::read_network(args.network);
+    if (!args.project.empty()) args.project_file = loom_bench::read_network(args.project);
+  } catch (const std::exception& error) {
+    throw CLI::ValidationError(error.what());
+  }
+  args.project_rank_counts = numbers(args.project_ranks, "--project-ranks");
+  // Under loom-run, its --strategy and --precision choose when these flags do not.
+  const auto named_strategy = loom::cluster::setting_text("LT_STRATEGY");
+  const auto named_precision = loom::cluster::setting_text("LT_PRECISION");
+  if (!args.strategies.empty()) args.worker.cells = loom_bench::split_list(args.strategies);
+  else if (named_strategy && !args.one_rank_overhead) args.worker.cells = {"raw", *named_strategy};
+  else if (args.worker.cells.empty()) args.worker.cells = loom_bench::default_cells();
+  if (!args.precisions.empty()) args.worker.precisions = loom_bench::split_list(args.precisions);
+  else if (named_precision) args.worker.precisions = {*named_precision};
+  if (args.widths.empty()) args.widths = "784,1024,1024,1024,10";
+  // Every rank loads it from where the driver found it.
+  if (!args.worker.model_library.empty()) {
+    if (!std::filesystem::exists(args.worker.model_library)) {
+      throw CLI::ValidationError("--model-library: " + args.worker.model_library + " does not exist");
+    }
+    args.worker.model_library = std::filesystem::absolute(args.worker.model_library).string();
+  }
+  args.worker.widths = numbers(args.widths, "--widths");
+  if (args.worker.widths.size() < 2) throw CLI::ValidationError("--widths: at least an input and an output width");
+  numbers(args.world_sizes, "--world-sizes");
+}
+
 int main(int argc, char** argv) {
   arguments args;
   CLI::App app("loom-bench: what each strategy costs for one model, side by side: step time (median, p10, p90) and "
@@ -442,62 +498,7 @@ int main(int argc, char** argv) {
       ->group("");
   try {
     app.parse(argc, argv);
-    if (args.one_rank_overhead) {
-      if (!args.strategies.empty() || !args.precisions.empty() || args.world_sizes != "1,2") {
-        throw CLI::ValidationError("--one-rank-overhead runs its own cells at one rank in 32-true: leave "
-                                   "--strategies, --precisions and --world-sizes out");
-      }
-      args.world_sizes = "1";
-      args.worker.cells = loom_bench::one_rank_cells();
-    }
-    if (!args.fit_network.empty()) {
-      if (!args.strategies.empty() || !args.network.empty() || !args.project.empty() || args.one_rank_overhead) {
-        throw CLI::ValidationError("--fit-network measures collectives only: leave --strategies, --network, "
-                                   "--project and --one-rank-overhead out (fit first, then run the matrix with "
-                                   "--network FILE)");
-      }
-      if (args.world_sizes == "1,2") args.world_sizes = "2";
-      if (!args.fit_sizes.empty()) {
-        args.fit.payload_bytes.clear();
-        for (const auto bytes : numbers(args.fit_sizes, "--fit-sizes")) {
-          args.fit.payload_bytes.push_back(static_cast<double>(bytes));
-        }
-      }
-      if (args.emulation == "alltoall") args.fit.emulation = loom::comm::emulation::alltoall;
-      if (numbers(args.world_sizes, "--world-sizes").back() < 2) {
-        throw CLI::ValidationError("--fit-network needs 2 or more ranks (--world-sizes 2)");
-      }
-    }
-    // A network file that cannot be used is refused before anything runs.
-    for (const auto* file : {&args.network, &args.project}) {
-      if (!file->empty() && *file != "fit") {
-        try {
-          loom_bench::read_network(*file);
-        } catch (const std::exception& error) {
-          throw CLI::ValidationError(error.what());
-        }
-      }
-    }
-    numbers(args.project_ranks, "--project-ranks");
-    // Under loom-run, its --strategy and --precision choose when these flags do not.
-    const auto named_strategy = loom::cluster::setting_text("LT_STRATEGY");
-    const auto named_precision = loom::cluster::setting_text("LT_PRECISION");
-    if (!args.strategies.empty()) args.worker.cells = loom_bench::split_list(args.strategies);
-    else if (named_strategy && !args.one_rank_overhead) args.worker.cells = {"raw", *named_strategy};
-    else if (args.worker.cells.empty()) args.worker.cells = loom_bench::default_cells();
-    if (!args.precisions.empty()) args.worker.precisions = loom_bench::split_list(args.precisions);
-    else if (named_precision) args.worker.precisions = {*named_precision};
-    if (args.widths.empty()) args.widths = "784,1024,1024,1024,10";
-    // Every rank loads it from where the driver found it.
-    if (!args.worker.model_library.empty()) {
-      if (!std::filesystem::exists(args.worker.model_library)) {
-        throw CLI::ValidationError("--model-library: " + args.worker.model_library + " does not exist");
-      }
-      args.worker.model_library = std::filesystem::absolute(args.worker.model_library).string();
-    }
-    args.worker.widths = numbers(args.widths, "--widths");
-    if (args.worker.widths.size() < 2) throw CLI::ValidationError("--widths: at least an input and an output width");
-    numbers(args.world_sizes, "--world-sizes");
+    complete(args);
   } catch (const CLI::ParseError& error) {
     return app.exit(error);
   }

@@ -21,6 +21,16 @@ namespace loom_bench {
 
 using loom::comm::collective_kind;
 
+namespace {
+
+// The float32 elements a collective of `payload_bytes` runs on among `ranks`:
+// a multiple of the ranks (every chunk whole), at least one per rank.
+std::int64_t floats_for(std::uint64_t payload_bytes, int ranks) {
+  return std::max<std::int64_t>(static_cast<std::int64_t>(payload_bytes / 4) / ranks * ranks, ranks);
+}
+
+}  // namespace
+
 struct collective_bench::state {
   loom::Fabric<loom::cpu, loom::parallel> fabric;
   loom::comm::process_group* group = nullptr;
@@ -43,8 +53,7 @@ struct collective_bench::state {
   // payload: an all-gather's result, a reduce-scatter's input), in float32
   // rounded to a multiple of the ranks; false for a kind it does not run.
   bool run(collective_kind kind, std::uint64_t payload_bytes) {
-    const int n = group->size();
-    const auto elements = std::max<std::int64_t>(static_cast<std::int64_t>(payload_bytes / 4) / n * n, n);
+    const auto elements = floats_for(payload_bytes, group->size());
     switch (kind) {
       case collective_kind::all_reduce:
       case collective_kind::all_reduce_coalesced: group->all_reduce(buffers_for(elements).first); return true;
@@ -113,8 +122,8 @@ std::vector<sample> collective_bench::samples() const {
   std::vector<sample> medians;
   if (rank() != 0) return medians;
   for (const auto& [key, values] : state_->times) {
-    // The payload as run: float32, a multiple of the ranks.
-    const auto elements = key.second == 0 ? 0 : std::max<std::uint64_t>(key.second / 4 / ranks() * ranks(), ranks());
+    // The payload as run (a barrier carries none).
+    const auto elements = key.second == 0 ? 0 : floats_for(key.second, ranks());
     medians.push_back({loom::comm::name_of(key.first), static_cast<double>(elements) * 4, spread_of(values).median});
   }
   return medians;

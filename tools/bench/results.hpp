@@ -23,7 +23,8 @@ spread spread_of(std::vector<double> values);
 // Every measured step's times (ms), what the medians are taken over: the
 // driver pools them across rounds (--rounds).
 struct step_samples {
-  std::vector<double> step, forward, backward, optimizer, off_cpu;
+  std::vector<double> step, forward, backward, optimizer;
+  std::vector<double> off_cpu;  // the step's wall time the training thread did not run
 };
 
 struct cell_result {

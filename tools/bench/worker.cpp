@@ -43,8 +43,6 @@ double ms_between(clock_type::time_point a, clock_type::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
-// off_cpu: the step's wall time the training thread did not run.
-using step_times = step_samples;
 
 // This thread's CPU time (CLOCK_THREAD_CPUTIME_ID), in ms.
 double thread_cpu_ms() {
@@ -67,8 +65,8 @@ struct runner {
   cell_result result;
   int data_parallel_size = 1;  // ranks that each train on their own batch
   int global_rank = -1;        // as the cell's fabric says (-1: no fabric)
-  std::function<void(step_times*)> step;
-  step_times times;
+  std::function<void(step_samples*)> step;
+  step_samples times;
   loom::comm::traffic traffic;  // over the measured steps
 };
 
@@ -77,7 +75,7 @@ using loom::bench::batch;
 // One step, timed in its three parts: forward (zero_grad, forward and
 // loss) returns the loss, backward takes it, then the optimizer steps.
 template <class Forward, class Backward, class Step>
-void timed_step(step_times* times, Forward&& forward, Backward&& backward, Step&& step) {
+void timed_step(step_samples* times, Forward&& forward, Backward&& backward, Step&& step) {
   const double cpu0 = thread_cpu_ms();
   const auto t0 = clock_type::now();
   const at::Tensor loss = forward();
@@ -99,13 +97,13 @@ void timed_step(step_times* times, Forward&& forward, Backward&& backward, Step&
 // A step through fabric. The wrapped model and optimizer refer to the
 // user's, which the step keeps alive.
 template <class Model, class Optimizer>
-std::function<void(step_times*)> fabric_step(std::shared_ptr<loom::AnyFabric> fabric,
+std::function<void(step_samples*)> fabric_step(std::shared_ptr<loom::AnyFabric> fabric,
                                              std::shared_ptr<loom::bench::Model> net,
                                              std::shared_ptr<torch::optim::Optimizer> user_optimizer,
                                              std::shared_ptr<Model> model,
                                              std::shared_ptr<Optimizer> optimizer, batch data,
                                              std::shared_ptr<const loom::bench::model_family> family) {
-  return [fabric, net, user_optimizer, model, optimizer, data, family](step_times* times) {
+  return [fabric, net, user_optimizer, model, optimizer, data, family](step_samples* times) {
     timed_step(
         times,
         [&] {
@@ -127,7 +125,7 @@ void make_raw(runner& r, const worker_options& options, const std::shared_ptr<co
   auto net = std::make_shared<loom::bench::Model>(family->build());
   auto optimizer = make_optimizer(options.optimizer, (*net)->parameters());
   const batch data = family->make_batch(options.batch_per_rank, rank);
-  r.step = [net, optimizer, data, family](step_times* times) {
+  r.step = [net, optimizer, data, family](step_samples* times) {
     timed_step(
         times,
         [&] {
