@@ -13,7 +13,3 @@ build_bench() {
       { echo "cannot build bench/$bench_name in $bench_build_dir (configured with -Dbenchmarks=true?)" >&2; exit 1; }
   done
 }
-
-# has_bench BUILD_DIR NAME: whether the build defines it (mpi_allreduce_bench
-# exists only in a build with MPI).
-has_bench() { ninja -C "$1" -t query "bench/$2" > /dev/null 2>&1; }

@@ -185,7 +185,18 @@ if [ "$status" -eq 0 ] || ! grep -q "alpha_us and bandwidth_gbit_s must be finit
   echo "FAIL: a bad network file was not refused up front (exit $status)"
   exit 1
 fi
-echo "--fit-network: a network file --network reads back; a bad one is refused"
+# bench/allreduce.sh's cell: one kind, with c10d's allreduce beside loom's.
+timeout 60 "$bench" --fit-network raw.json --fit-kinds all_reduce --fit-raw-baseline --fit-sizes 4096,65536 \
+  --fit-rounds 2 --fit-calls 1 > raw.txt 2>&1 || { cat raw.txt; echo "FAIL: --fit-raw-baseline failed"; exit 1; }
+/usr/bin/python3 - raw.json <<'EOF'
+import json, sys
+net = json.load(open(sys.argv[1]))
+kinds = sorted((s["collective"], s["payload_bytes"]) for s in net["samples"])
+want = [("all_reduce", 4096.0), ("all_reduce", 65536.0), ("c10d_allreduce", 4096.0), ("c10d_allreduce", 65536.0)]
+if kinds != want or set(net["collectives"]) != {"all_reduce"} or any(s["seconds"] <= 0 for s in net["samples"]):
+    sys.exit(f"FAIL: --fit-kinds all_reduce --fit-raw-baseline gave {kinds}, fitted {sorted(net['collectives'])}")
+EOF
+echo "--fit-network: a network file --network reads back; a bad one is refused; --fit-raw-baseline measures both"
 
 if [ -n "$model_library" ]; then
   timeout 60 "$bench" --model-library "$model_library" --model-options layers=1,dim=32,heads=2,context=16 \

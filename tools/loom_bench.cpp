@@ -66,6 +66,8 @@ struct arguments {
   loom_bench::fit_options fit;  // --fit-network's microbenchmarks
   std::string fit_sizes;        // --fit-sizes: payload bytes, comma-separated
   std::string emulation = "point_to_point";
+  std::string fit_kinds;        // --fit-kinds: names, comma-separated (default: every kind the model needs)
+  std::string fit_backend = "gloo";
   loom_bench::worker_options worker;
   // Read once, while the arguments are checked.
   std::optional<loom_bench::network> network_file;  // --network FILE (not fit)
@@ -162,12 +164,14 @@ void report(std::vector<loom_bench::cell_result> results, const arguments& args,
 // --fit-network on the ranks a launcher started: rank 0 fits the model to
 // the microbenchmarks, writes the network file and prints both.
 int run_fit(const arguments& args) {
-  loom_bench::collective_bench bench;
+  const bool mpi = args.fit_backend == "mpi";
+  loom_bench::collective_bench bench(mpi ? loom::comm::backend::mpi : loom::comm::backend::gloo);
   const auto samples = bench.measure(args.fit);
   if (samples.empty()) return 0;  // not rank 0
   const auto net = loom_bench::fit_network(
       samples, bench.ranks(),
-      "loopback: Gloo over 127.0.0.1, " + std::to_string(bench.ranks()) + " ranks on " + machine() +
+      std::string(mpi ? "loom's MPI process group, " : "loopback: Gloo over 127.0.0.1, ") +
+          std::to_string(bench.ranks()) + " ranks on " + machine() +
           (args.fit.emulation == loom::comm::emulation::alltoall ? ", all-gather and reduce-scatter on Gloo's "
                                                                     "alltoall and list all_gather"
                                                                   : "") +
@@ -336,12 +340,18 @@ int run_driver(const arguments& args) {
   const std::string loom_run = (std::filesystem::path(self).parent_path() / "loom-run").string();
   if (!args.fit_network.empty()) {
     const auto world_size = numbers(args.world_sizes, "--world-sizes").back();
+    if (args.fit_backend == "mpi") {
+      throw std::runtime_error("--fit-backend mpi: start loom-bench on its ranks with mpirun (mpirun -n 2 "
+                               "loom-bench --fit-network FILE --fit-backend mpi)");
+    }
+    std::vector<std::string> command{loom_run, "--accelerator", "cpu", "--devices", std::to_string(world_size),
+                                     self, "--fit-network", std::filesystem::absolute(args.fit_network).string(),
+                                     "--fit-sizes", args.fit_sizes, "--emulation", args.emulation, "--fit-rounds",
+                                     std::to_string(args.fit.rounds), "--fit-calls", std::to_string(args.fit.calls)};
+    if (!args.fit_kinds.empty()) command.insert(command.end(), {"--fit-kinds", args.fit_kinds});
+    if (args.fit.raw_all_reduce) command.emplace_back("--fit-raw-baseline");
     loom::launch::supervisor job;
-    job.start(0, {loom_run, "--accelerator", "cpu", "--devices", std::to_string(world_size), self, "--fit-network",
-                  std::filesystem::absolute(args.fit_network).string(), "--fit-sizes", args.fit_sizes,
-                  "--emulation", args.emulation, "--fit-rounds", std::to_string(args.fit.rounds), "--fit-calls",
-                  std::to_string(args.fit.calls)},
-              {});
+    job.start(0, command, {});
     return job.wait_all().exit_code;
   }
   std::vector<std::string> cells;
@@ -398,6 +408,25 @@ void complete(arguments& args) {
       }
     }
     if (args.emulation == "alltoall") args.fit.emulation = loom::comm::emulation::alltoall;
+    if (!args.fit_kinds.empty()) {
+      args.fit.kinds.clear();
+      for (const auto& name : loom_bench::split_list(args.fit_kinds)) {
+        const auto kind = loom_bench::kind_named(name);
+        const bool measured = kind && (*kind == loom::comm::collective_kind::all_reduce ||
+                                       *kind == loom::comm::collective_kind::all_gather ||
+                                       *kind == loom::comm::collective_kind::reduce_scatter ||
+                                       *kind == loom::comm::collective_kind::broadcast ||
+                                       *kind == loom::comm::collective_kind::barrier);
+        if (!measured) {
+          throw CLI::ValidationError("--fit-kinds: '" + name + "' is not measured; accepted: all_reduce, all_gather, "
+                                     "reduce_scatter, broadcast, barrier");
+        }
+        args.fit.kinds.push_back(*kind);
+      }
+    }
+    if (args.fit.raw_all_reduce && args.fit_backend != "gloo") {
+      throw CLI::ValidationError("--fit-raw-baseline compares with c10d's Gloo allreduce: leave --fit-backend mpi out");
+    }
     if (numbers(args.world_sizes, "--world-sizes").back() < 2) {
       throw CLI::ValidationError("--fit-network needs 2 or more ranks (--world-sizes 2)");
     }
@@ -483,6 +512,15 @@ int main(int argc, char** argv) {
                  "--fit-network: how all_gather and reduce_scatter run on Gloo: point_to_point (loom's exchange, "
                  "what strategies use) or alltoall (Gloo's alltoall and list all_gather)")
       ->check(CLI::IsMember({"point_to_point", "alltoall"}))->capture_default_str();
+  app.add_option("--fit-kinds", args.fit_kinds,
+                 "--fit-network's collectives, comma-separated (default all_reduce,all_gather,reduce_scatter,"
+                 "broadcast,barrier: every kind the model needs)");
+  app.add_flag("--fit-raw-baseline", args.fit.raw_all_reduce,
+               "--fit-network: also c10d's own allreduce on the Gloo group under loom's, on the same buffer, next to "
+               "loom's all_reduce in each round (samples of kind c10d_allreduce; bench/allreduce.sh)");
+  app.add_option("--fit-backend", args.fit_backend,
+                 "--fit-network's process group: gloo, or mpi (loom's MPI group; start loom-bench under mpirun)")
+      ->check(CLI::IsMember({"gloo", "mpi"}))->capture_default_str();
   app.add_option("--network", args.network,
                  "'fit' (fit the alpha-beta model to loom's collective microbenchmarks in this run, interleaved "
                  "with the replays it is checked against; written to OUT/network-N.json), or a network file "

@@ -2,6 +2,8 @@
 
 #include "results.hpp"
 
+#include "comm/process_group_state.hpp"  // the c10d group under loom's (src/, not installed)
+
 #include <loom/accelerator/cpu.hpp>
 #include <loom/errors.hpp>
 #include <loom/fabric.hpp>
@@ -10,6 +12,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -32,12 +35,15 @@ std::int64_t floats_for(std::uint64_t payload_bytes, int ranks) {
 }  // namespace
 
 struct collective_bench::state {
+  explicit state(loom::comm::backend backend) : fabric({}, loom::parallel(loom::parallel_options{.backend = backend})) {}
+
   loom::Fabric<loom::cpu, loom::parallel> fabric;
   loom::comm::process_group* group = nullptr;
   // Buffers by float count: {whole (the payload), one rank's chunk}, made once.
   std::map<std::int64_t, std::pair<at::Tensor, at::Tensor>> buffers;
-  std::map<std::pair<collective_kind, std::uint64_t>, std::vector<double>> times;  // measure_round's, per call
+  std::map<std::pair<std::string, std::uint64_t>, std::vector<double>> times;  // measure_round's, per call
   std::vector<std::vector<loom::comm::traced_collective>> plans;                  // plan_replay's
+  int rounds = 0;                                                                 // measure_round's so far
 
   std::pair<at::Tensor, at::Tensor>& buffers_for(std::int64_t elements) {
     auto it = buffers.find(elements);
@@ -74,6 +80,16 @@ struct collective_bench::state {
     }
   }
 
+  // c10d's allreduce of the same buffer on the Gloo group under loom's.
+  void run_raw_all_reduce(std::uint64_t payload_bytes) {
+    const auto& c10d = group->state()->inner;
+    if (!c10d || group->kind() != loom::comm::backend::gloo) {
+      throw loom::configuration_error("--fit-raw-baseline compares with c10d's Gloo allreduce: run it on Gloo");
+    }
+    std::vector<at::Tensor> tensors{buffers_for(floats_for(payload_bytes, group->size())).first};
+    c10d->allreduce(tensors)->wait();
+  }
+
   // Seconds from a barrier's end to the call's, on this rank.
   double timed(const std::function<void()>& call) {
     group->barrier();
@@ -83,7 +99,7 @@ struct collective_bench::state {
   }
 };
 
-collective_bench::collective_bench() : state_(std::make_unique<state>()) {
+collective_bench::collective_bench(loom::comm::backend backend) : state_(std::make_unique<state>(backend)) {
   state_->fabric.launch();
   state_->group = &state_->fabric.strategy().group();
   if (state_->group->size() < 2) {
@@ -102,20 +118,32 @@ void collective_bench::measure_round(const fit_options& options) {
   // As OSU's and nccl-tests' loops do: `calls` back to back after a
   // barrier, the mean per call (what a step's collectives see one after
   // another, the ranks' skew included), one value per round.
-  auto measure_one = [&](collective_kind kind, std::uint64_t bytes) {
-    state_->run(kind, bytes);  // untimed: first-use costs (buffers, connections)
+  auto measure_one = [&](const std::string& name, std::uint64_t bytes, const std::function<void()>& call) {
+    call();  // untimed: first-use costs (buffers, connections)
     const double seconds = state_->timed([&] {
-      for (int c = 0; c < options.calls; ++c) state_->run(kind, bytes);
+      for (int c = 0; c < options.calls; ++c) call();
     });
-    state_->times[{kind, bytes}].push_back(seconds / options.calls);
+    state_->times[{name, bytes}].push_back(seconds / options.calls);
   };
-  for (const double bytes : options.payload_bytes) {
-    for (const auto kind : {collective_kind::all_reduce, collective_kind::all_gather, collective_kind::reduce_scatter,
-                            collective_kind::broadcast}) {
-      measure_one(kind, static_cast<std::uint64_t>(bytes));
+  auto measure_kind = [&](collective_kind kind, std::uint64_t bytes) {
+    measure_one(loom::comm::name_of(kind), bytes, [&] { state_->run(kind, bytes); });
+  };
+  const bool raw_first = state_->rounds % 2 == 1;
+  ++state_->rounds;
+  for (const double size : options.payload_bytes) {
+    const auto bytes = static_cast<std::uint64_t>(size);
+    for (const auto kind : options.kinds) {
+      if (kind == collective_kind::barrier) continue;
+      const bool raw_here = options.raw_all_reduce && kind == collective_kind::all_reduce;
+      auto raw = [&] { measure_one(raw_all_reduce_kind, bytes, [&] { state_->run_raw_all_reduce(bytes); }); };
+      if (raw_here && raw_first) raw();
+      measure_kind(kind, bytes);
+      if (raw_here && !raw_first) raw();
     }
   }
-  measure_one(collective_kind::barrier, 0);
+  if (std::find(options.kinds.begin(), options.kinds.end(), collective_kind::barrier) != options.kinds.end()) {
+    measure_kind(collective_kind::barrier, 0);
+  }
 }
 
 std::vector<sample> collective_bench::samples() const {
@@ -124,7 +152,7 @@ std::vector<sample> collective_bench::samples() const {
   for (const auto& [key, values] : state_->times) {
     // The payload as run (a barrier carries none).
     const auto elements = key.second == 0 ? 0 : floats_for(key.second, ranks());
-    medians.push_back({loom::comm::name_of(key.first), static_cast<double>(elements) * 4, spread_of(values).median});
+    medians.push_back({key.first, static_cast<double>(elements) * 4, spread_of(values).median});
   }
   return medians;
 }

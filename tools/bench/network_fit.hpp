@@ -30,13 +30,28 @@ struct fit_options {
   // point-to-point exchange (what strategies use), or the measured fallbacks
   // (Gloo's alltoall, its list all_gather): loom::comm::emulation.
   loom::comm::emulation emulation = loom::comm::emulation::point_to_point;
+  // The kinds measured (--fit-kinds): the model needs them all; a
+  // comparison of one kind (bench/allreduce.sh) measures only it.
+  std::vector<loom::comm::collective_kind> kinds = {
+      loom::comm::collective_kind::all_reduce, loom::comm::collective_kind::all_gather,
+      loom::comm::collective_kind::reduce_scatter, loom::comm::collective_kind::broadcast,
+      loom::comm::collective_kind::barrier};
+  // Also c10d's own allreduce on the Gloo group underneath loom's (the
+  // same sockets and threads; loom's watchdog recorder left out), on the
+  // same buffer, right before or after loom's all_reduce (the order
+  // alternating by round): samples of kind raw_all_reduce_kind, what loom
+  // adds to a raw c10d call (--fit-raw-baseline). The model ignores them.
+  bool raw_all_reduce = false;
 };
+
+// The sample kind of fit_options::raw_all_reduce's measurements.
+inline constexpr const char* raw_all_reduce_kind = "c10d_allreduce";
 
 class collective_bench {
  public:
-  // Forms the group (a collective: every rank of the job calls it).
-  // Throws loom::configuration_error on one rank.
-  collective_bench();
+  // Forms the group on this backend (a collective: every rank of the job
+  // calls it; mpi: under mpirun). Throws loom::configuration_error on one rank.
+  explicit collective_bench(loom::comm::backend backend = loom::comm::backend::gloo);
   ~collective_bench();
   collective_bench(const collective_bench&) = delete;
   collective_bench& operator=(const collective_bench&) = delete;
@@ -44,9 +59,9 @@ class collective_bench {
   int ranks() const;
   int rank() const;
 
-  // One round of the microbenchmarks: all_reduce, all_gather_into,
-  // reduce_scatter_into, broadcast and barrier at each payload (float32),
-  // `calls` timed calls each. Rounds may be interleaved with replays, so
+  // One round of the microbenchmarks: each of options.kinds (all_reduce,
+  // all_gather_into, reduce_scatter_into, broadcast, barrier) at each payload
+  // (float32), `calls` timed calls each. Rounds may be interleaved with replays, so
   // that a slow phase of the machine falls on both alike.
   void measure_round(const fit_options& options);
   // Rank 0: each kind and payload's median over the rounds so far (the
