@@ -23,7 +23,11 @@
 #   formula, recomputed here from the trace, and leaves model_parallel and
 #   hybrid sharding (groups that are not the world) out.
 # - --fit-network writes a network file --network reads back; a file that
-#   is not one is refused before anything runs, saying what is expected.
+#   is not one is refused before anything runs, saying what is expected;
+#   --fit-kinds all_reduce --fit-raw-baseline measures loom's all_reduce and
+#   c10d's (bench/allreduce.sh).
+# - An NVMe offload cell reports its bytes per step and throughput, rank 0's
+#   and summed over the ranks (bench/zero_offload.sh).
 # - --optimizer sgd: the state formulas with no optimizer state hold.
 # - ddp at bf16-true on Gloo is refused saying what works; fsdp runs.
 # - A model library (the char transformer's, examples/char_transformer_bench.cpp,
@@ -197,6 +201,24 @@ if kinds != want or set(net["collectives"]) != {"all_reduce"} or any(s["seconds"
     sys.exit(f"FAIL: --fit-kinds all_reduce --fit-raw-baseline gave {kinds}, fitted {sorted(net['collectives'])}")
 EOF
 echo "--fit-network: a network file --network reads back; a bad one is refused; --fit-raw-baseline measures both"
+
+# bench/zero_offload.sh's cell: an NVMe offload stream's bytes and throughput.
+mkdir nvme
+nvme_cell="deepspeed_stage_3_offload_nvme+nvme_path=$work/nvme+sub_group_size=256+block_size=4096+queue_depth=4"
+timeout 60 "$bench" $small --world-sizes 2 --replays 1 --strategies "$nvme_cell" --out nvme > nvme.txt 2>&1 ||
+  { cat nvme.txt; echo "FAIL: an NVMe offload cell failed"; exit 1; }
+/usr/bin/python3 - nvme.txt nvme/loom-bench.json <<'EOF'
+import json, sys
+text, cells = open(sys.argv[1]).read(), json.load(open(sys.argv[2]))["cells"]
+io = cells[0]["nvme"] if len(cells) == 1 and not cells[0]["refused"] else None
+if io is None or "NVMe offload per step" not in text:
+    sys.exit(f"FAIL: the NVMe cell reports no offload figures: {cells}")
+if not (io["read_bytes_per_step"] > 0 and io["written_bytes_per_step"] > 0 and io["read_mb_per_s"] > 0
+        and io["read_mb_per_s_all_ranks"] >= io["read_mb_per_s"]
+        and io["write_mb_per_s_all_ranks"] >= io["write_mb_per_s"]):
+    sys.exit(f"FAIL: the NVMe figures do not add up: {io}")
+EOF
+echo "NVMe offload: bytes per step and throughput, rank 0 and summed over the ranks"
 
 if [ -n "$model_library" ]; then
   timeout 60 "$bench" --model-library "$model_library" --model-options layers=1,dim=32,heads=2,context=16 \

@@ -16,6 +16,7 @@
 // the last one completes, not when the stepping thread next looks.
 #include <loom/errors.hpp>
 #include <loom/strategy/nvme_stream.hpp>
+#include <loom/util/offload_io.hpp>
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -27,6 +28,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -46,6 +48,19 @@ constexpr std::int64_t alignment = 4096;  // covers the logical block size of co
 std::int64_t align_up(std::int64_t v) { return (v + alignment - 1) / alignment * alignment; }
 
 using clock_type = std::chrono::steady_clock;
+
+std::uint64_t nanoseconds_between(clock_type::time_point from, clock_type::time_point to) {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(to - from).count());
+}
+
+// loom::offload_io_so_far's tally: every stream of the process adds to it.
+struct io_tally {
+  std::atomic<std::uint64_t> bytes_read{0}, bytes_written{0}, read_busy_ns{0}, write_busy_ns{0};
+};
+io_tally& process_io() {
+  static io_tally tally;
+  return tally;
+}
 
 }  // namespace
 
@@ -166,12 +181,22 @@ struct nvme_stream::impl {
       --in_flight;
       --pending[static_cast<std::size_t>(done_buffer)];
       const auto now = clock_type::now();
+      const auto moved = static_cast<std::uint64_t>(std::max(result, 0));
+      io_tally& tally = process_io();
       if (write) {
-        counters.bytes_written += static_cast<std::uint64_t>(std::max(result, 0));
-        if (--writes_in_flight == 0) counters.write_busy_seconds += std::chrono::duration<double>(now - write_since).count();
+        counters.bytes_written += moved;
+        tally.bytes_written.fetch_add(moved, std::memory_order_relaxed);
+        if (--writes_in_flight == 0) {
+          counters.write_busy_seconds += std::chrono::duration<double>(now - write_since).count();
+          tally.write_busy_ns.fetch_add(nanoseconds_between(write_since, now), std::memory_order_relaxed);
+        }
       } else {
-        counters.bytes_read += static_cast<std::uint64_t>(std::max(result, 0));
-        if (--reads_in_flight == 0) counters.read_busy_seconds += std::chrono::duration<double>(now - read_since).count();
+        counters.bytes_read += moved;
+        tally.bytes_read.fetch_add(moved, std::memory_order_relaxed);
+        if (--reads_in_flight == 0) {
+          counters.read_busy_seconds += std::chrono::duration<double>(now - read_since).count();
+          tally.read_busy_ns.fetch_add(nanoseconds_between(read_since, now), std::memory_order_relaxed);
+        }
       }
       try {
         pump();
@@ -438,3 +463,13 @@ std::string nvme_stream::file() const { return impl_->path; }
 std::vector<at::Tensor> nvme_stream::buffers() const { return impl_->views; }
 
 }  // namespace loom::detail
+
+namespace loom {
+
+offload_io offload_io_so_far() noexcept {
+  const detail::io_tally& tally = detail::process_io();
+  return {tally.bytes_read.load(std::memory_order_relaxed), tally.bytes_written.load(std::memory_order_relaxed),
+          tally.read_busy_ns.load(std::memory_order_relaxed), tally.write_busy_ns.load(std::memory_order_relaxed)};
+}
+
+}  // namespace loom

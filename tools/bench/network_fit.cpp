@@ -2,9 +2,8 @@
 
 #include "results.hpp"
 
-#include "comm/process_group_state.hpp"  // the c10d group under loom's (src/, not installed)
-
 #include <loom/accelerator/cpu.hpp>
+#include <loom/comm/c10d_baseline.hpp>
 #include <loom/errors.hpp>
 #include <loom/fabric.hpp>
 #include <loom/strategy/parallel.hpp>
@@ -82,12 +81,7 @@ struct collective_bench::state {
 
   // c10d's allreduce of the same buffer on the Gloo group under loom's.
   void run_raw_all_reduce(std::uint64_t payload_bytes) {
-    const auto& c10d = group->state()->inner;
-    if (!c10d || group->kind() != loom::comm::backend::gloo) {
-      throw loom::configuration_error("--fit-raw-baseline compares with c10d's Gloo allreduce: run it on Gloo");
-    }
-    std::vector<at::Tensor> tensors{buffers_for(floats_for(payload_bytes, group->size())).first};
-    c10d->allreduce(tensors)->wait();
+    loom::comm::c10d_allreduce_baseline(*group, buffers_for(floats_for(payload_bytes, group->size())).first);
   }
 
   // Seconds from a barrier's end to the call's, on this rank.
@@ -160,6 +154,13 @@ std::vector<sample> collective_bench::samples() const {
 std::vector<sample> collective_bench::measure(const fit_options& options) {
   for (int round = 0; round < options.rounds; ++round) measure_round(options);
   return samples();
+}
+
+std::vector<double> collective_bench::sum_over_ranks(const std::vector<double>& values) {
+  at::Tensor sums = at::empty({static_cast<std::int64_t>(values.size())}, at::kDouble);
+  std::copy(values.begin(), values.end(), sums.data_ptr<double>());
+  state_->group->all_reduce(sums);
+  return {sums.data_ptr<double>(), sums.data_ptr<double>() + sums.numel()};
 }
 
 std::optional<std::size_t> collective_bench::plan_replay(const std::vector<loom::comm::traced_collective>& trace) {

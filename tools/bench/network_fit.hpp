@@ -70,6 +70,10 @@ class collective_bench {
   // measure_round `rounds` times, then samples().
   std::vector<sample> measure(const fit_options& options);
 
+  // Each value summed over the ranks (one all-reduce; every rank calls it
+  // with as many values).
+  std::vector<double> sum_over_ranks(const std::vector<double>& values);
+
   // Rank 0's trace of one step, broadcast to every rank so that all replay
   // the same: an index for replay_once, or nullopt when it holds a
   // collective this group cannot replay as it ran (a group of another size;

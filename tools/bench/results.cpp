@@ -53,6 +53,46 @@ nlohmann::json by_kind_json(const cell_result& r) {
   return kinds;
 }
 
+void write_nvme_markdown(std::ostream& out, const std::vector<cell_result>& results) {
+  if (std::none_of(results.begin(), results.end(), [](const cell_result& r) { return r.nvme.has_value(); })) return;
+  out << "\nNVMe offload per step (loom/util/offload_io.hpp): bytes read and written by rank 0, and throughput: bytes "
+         "/ the time with at least one request of that kind in flight, MB/s (10^6 bytes); all ranks: the ranks' "
+         "throughputs summed (they share the disk).\n\n"
+      << "| cell | precision | ranks | read MB/step | written MB/step | read MB/s | write MB/s | read MB/s, all ranks "
+         "| write MB/s, all ranks |\n|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto& r : results) {
+    if (!r.nvme) continue;
+    const offload_figures& io = *r.nvme;
+    out << "| " << r.label << " | " << r.precision << " | " << r.world_size << " | "
+        << fixed(io.read_bytes_per_step / 1e6, 2) << " | " << fixed(io.written_bytes_per_step / 1e6, 2) << " | "
+        << fixed(io.read_mb_per_s, 1) << " | " << fixed(io.write_mb_per_s, 1) << " | "
+        << optional_text(io.read_mb_per_s_all_ranks, 1) << " | " << optional_text(io.write_mb_per_s_all_ranks, 1)
+        << " |\n";
+  }
+}
+
+nlohmann::json nvme_json(const std::optional<offload_figures>& io) {
+  if (!io) return nullptr;
+  return {{"read_bytes_per_step", io->read_bytes_per_step},
+          {"written_bytes_per_step", io->written_bytes_per_step},
+          {"read_mb_per_s", io->read_mb_per_s},
+          {"write_mb_per_s", io->write_mb_per_s},
+          {"read_mb_per_s_all_ranks", optional_json(io->read_mb_per_s_all_ranks)},
+          {"write_mb_per_s_all_ranks", optional_json(io->write_mb_per_s_all_ranks)}};
+}
+
+std::optional<offload_figures> nvme_from_json(const nlohmann::json& cell) {
+  if (!cell.contains("nvme") || cell.at("nvme").is_null()) return std::nullopt;
+  const auto& io = cell.at("nvme");
+  const auto optional = [&](const char* key) -> std::optional<double> {
+    if (io.at(key).is_null()) return std::nullopt;
+    return io.at(key).get<double>();
+  };
+  return offload_figures{io.at("read_bytes_per_step").get<double>(), io.at("written_bytes_per_step").get<double>(),
+                         io.at("read_mb_per_s").get<double>(), io.at("write_mb_per_s").get<double>(),
+                         optional("read_mb_per_s_all_ranks"), optional("write_mb_per_s_all_ranks")};
+}
+
 }  // namespace
 
 spread spread_of(std::vector<double> values) {
@@ -180,13 +220,16 @@ void write_markdown(std::ostream& out, const std::vector<cell_result>& results) 
         << fixed(r.state_bytes / (1 << 20), 3) << " | " << formula_check(r.state_bytes, r.state_formula_bytes) << " | "
         << fixed(r.rss_peak_mib, 0) << " |\n";
   }
+  write_nvme_markdown(out, results);
 }
 
 void write_csv(std::ostream& out, const std::vector<cell_result>& results) {
   out << "cell,precision,world_size,refused,steps,step_ms_median,step_ms_p10,step_ms_p90,forward_ms,backward_ms,"
          "optimizer_ms,off_cpu_ms,beyond_raw_ms,samples_per_second,flop_per_second,vs_single_device,vs_peer,peer,"
          "collectives_per_step,payload_bytes_per_step,payload_formula_bytes,wire_bytes_per_step,comm_in_flight_ms,"
-         "comm_alone_ms,predicted_comm_ms,state_bytes,state_formula_bytes,rss_peak_mib\n";
+         "comm_alone_ms,predicted_comm_ms,state_bytes,state_formula_bytes,rss_peak_mib,nvme_read_bytes_per_step,"
+         "nvme_written_bytes_per_step,nvme_read_mb_per_s,nvme_write_mb_per_s,nvme_read_mb_per_s_all_ranks,"
+         "nvme_write_mb_per_s_all_ranks\n";
   for (const auto& r : results) {
     std::string refused = r.refused;
     std::replace(refused.begin(), refused.end(), '"', '\'');
@@ -202,7 +245,17 @@ void write_csv(std::ostream& out, const std::vector<cell_result>& results) {
         << fixed(r.wire_bytes_per_step, 0) << ',' << fixed(r.comm_in_flight_ms, 4) << ','
         << (r.comm_alone_ms ? fixed(*r.comm_alone_ms, 4) : "") << ','
         << (r.predicted_comm_ms ? fixed(*r.predicted_comm_ms, 4) : "") << ',' << fixed(r.state_bytes, 0) << ','
-        << (r.state_formula_bytes ? fixed(*r.state_formula_bytes, 0) : "") << ',' << fixed(r.rss_peak_mib, 1) << '\n';
+        << (r.state_formula_bytes ? fixed(*r.state_formula_bytes, 0) : "") << ',' << fixed(r.rss_peak_mib, 1);
+    if (r.nvme) {
+      const offload_figures& io = *r.nvme;
+      out << ',' << fixed(io.read_bytes_per_step, 0) << ',' << fixed(io.written_bytes_per_step, 0) << ','
+          << fixed(io.read_mb_per_s, 1) << ',' << fixed(io.write_mb_per_s, 1) << ','
+          << (io.read_mb_per_s_all_ranks ? fixed(*io.read_mb_per_s_all_ranks, 1) : "") << ','
+          << (io.write_mb_per_s_all_ranks ? fixed(*io.write_mb_per_s_all_ranks, 1) : "");
+    } else {
+      out << ",,,,,,";
+    }
+    out << '\n';
   }
 }
 
@@ -242,6 +295,7 @@ void write_json(std::ostream& out, const std::vector<cell_result>& results, cons
                      {"state_bytes", r.state_bytes},
                      {"state_formula_bytes", optional_json(r.state_formula_bytes)},
                      {"collectives_by_kind", by_kind_json(r)},
+                     {"nvme", nvme_json(r.nvme)},
                      {"rss_peak_mib", r.rss_peak_mib}});
   }
   out << nlohmann::json{{"machine", machine}, {"cells", cells}}.dump(1) << '\n';
@@ -291,6 +345,7 @@ std::vector<cell_result> read_json(std::istream& in) {
       r.step_collectives = c.at("step_collectives").get<std::vector<std::pair<std::string, double>>>();
       r.state_bytes = c.at("state_bytes").get<double>();
       if (!c.at("state_formula_bytes").is_null()) r.state_formula_bytes = c.at("state_formula_bytes").get<double>();
+      r.nvme = nvme_from_json(c);
       for (const auto& [kind, count] : c.at("collectives_by_kind").items()) {
         r.collectives_by_kind[kind] = {count.at("collectives").get<double>(), count.at("payload_bytes").get<double>()};
       }

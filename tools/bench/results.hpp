@@ -27,6 +27,19 @@ struct step_samples {
   std::vector<double> off_cpu;  // the step's wall time the training thread did not run
 };
 
+// A cell's NVMe offload stream (loom/util/offload_io.hpp) over its measured
+// steps: bytes per step and throughput (bytes / the time with at least one
+// request of that kind in flight), MB/s (10^6 bytes); rank 0's, and the
+// ranks' throughputs summed (under loom-run: the disk serves them at once).
+struct offload_figures {
+  double read_bytes_per_step = 0;
+  double written_bytes_per_step = 0;
+  double read_mb_per_s = 0;
+  double write_mb_per_s = 0;
+  std::optional<double> read_mb_per_s_all_ranks;
+  std::optional<double> write_mb_per_s_all_ranks;
+};
+
 struct cell_result {
   std::string label;      // the cell as named ("fsdp+sharding_strategy=SHARD_GRAD_OP", "raw")
   std::string precision;  // "32-true", "bf16-mixed", ...
@@ -73,6 +86,7 @@ struct cell_result {
   // allocator), and what the strategy's formula says.
   double state_bytes = 0;
   std::optional<double> state_formula_bytes;
+  std::optional<offload_figures> nvme;  // cells that offload to NVMe
   // Filled in by the driver: against the raw loop and single_device at the same
   // precision and world size 1 (no value: not measured in this run).
   std::optional<double> beyond_raw_ms;

@@ -14,6 +14,7 @@
 #include <loom/strategy/model_parallel.hpp>
 #include <loom/util/counting_allocator.hpp>
 #include <loom/util/flop_counter.hpp>
+#include <loom/util/offload_io.hpp>
 #include <loom/util/rss_peak.hpp>
 
 #include <ATen/Context.h>
@@ -68,6 +69,7 @@ struct runner {
   std::function<void(step_samples*)> step;
   step_samples times;
   loom::comm::traffic traffic;  // over the measured steps
+  loom::offload_io io;          // over the measured steps (NVMe offload)
 };
 
 using loom::bench::batch;
@@ -200,6 +202,29 @@ double step_flop(const worker_options& options, const loom::bench::model_family&
   return counted.total();
 }
 
+// A cell's NVMe figures over its measured steps, when it moved bytes; with
+// `ranks` (more than one rank), the throughputs summed over them (every
+// rank calls it for every cell, in the same order).
+void nvme_figures(runner& r, int steps, collective_bench* ranks) {
+  const auto mb_per_s = [](std::uint64_t bytes, std::uint64_t ns) {
+    return ns == 0 ? 0.0 : static_cast<double>(bytes) / 1e6 / (static_cast<double>(ns) / 1e9);
+  };
+  const double read = mb_per_s(r.io.bytes_read, r.io.read_busy_ns);
+  const double write = mb_per_s(r.io.bytes_written, r.io.write_busy_ns);
+  std::vector<double> sums;
+  if (ranks != nullptr) sums = ranks->sum_over_ranks({read, write});
+  if (r.io.bytes_read + r.io.bytes_written == 0) return;
+  offload_figures figures{.read_bytes_per_step = static_cast<double>(r.io.bytes_read) / steps,
+                          .written_bytes_per_step = static_cast<double>(r.io.bytes_written) / steps,
+                          .read_mb_per_s = read,
+                          .write_mb_per_s = write};
+  if (!sums.empty()) {
+    figures.read_mb_per_s_all_ranks = sums[0];
+    figures.write_mb_per_s_all_ranks = sums[1];
+  }
+  r.result.nvme = figures;
+}
+
 }  // namespace
 
 std::vector<cell_result> run_cells(const worker_options& options) {
@@ -286,8 +311,10 @@ std::vector<cell_result> run_cells(const worker_options& options) {
     for (auto& r : runners) {
       if (!r.step) continue;
       const auto before = loom::comm::traffic_so_far();
+      const auto io_before = loom::offload_io_so_far();
       for (int s = 0; s < options.block && done + s < options.steps; ++s) r.step(&r.times);
       r.traffic += loom::comm::traffic_so_far() - before;
+      r.io += loom::offload_io_so_far() - io_before;
     }
   }
   // Each cell's collectives of one step, in order, and (loom-run's
@@ -317,6 +344,9 @@ std::vector<cell_result> run_cells(const worker_options& options) {
       for (std::size_t p = 0; p < plans.size(); ++p) replayed[p].push_back(bench->replay_once(plans[p].second));
     }
     for (std::size_t p = 0; p < plans.size(); ++p) plans[p].first->result.comm_alone_ms = spread_of(replayed[p]).median;
+    for (auto& r : runners) {
+      if (r.step) nvme_figures(r, options.steps, bench.get());
+    }
     if (!options.fit_network.empty() && bench->rank() == 0) {
       const auto net = fit_network(bench->samples(), world_size,
                                    "loopback: Gloo over 127.0.0.1, " + std::to_string(world_size) +
@@ -325,6 +355,11 @@ std::vector<cell_result> run_cells(const worker_options& options) {
       std::ofstream out(options.fit_network);
       write_network(out, net);
       if (!out) throw std::runtime_error("loom-bench: " + options.fit_network + " cannot be written");
+    }
+  }
+  if (!bench) {
+    for (auto& r : runners) {
+      if (r.step) nvme_figures(r, options.steps, nullptr);
     }
   }
   std::vector<cell_result> results;

@@ -51,7 +51,7 @@ struct nvme_stream_options {
   bool masters = false;
 };
 
-// What the stream did, for tests and bench/zero_offload.sh.
+// What the stream did, for tests (loom-bench reads loom/util/offload_io.hpp).
 struct nvme_counters {
   std::uint64_t steps = 0;
   std::uint64_t sub_groups = 0;       // per step
