@@ -29,6 +29,9 @@
 # - An NVMe offload cell reports its bytes per step and throughput, rank 0's
 #   and summed over the ranks (bench/zero_offload.sh).
 # - --optimizer sgd: the state formulas with no optimizer state hold.
+# - The formulas hold at bf16-mixed and bf16-true (fsdp, ZeRO 1-3,
+#   model_parallel), on 2-D meshes (HYBRID_SHARD 2 x 2, model_parallel
+#   2 x 2) and for ddp at 4 ranks.
 # - ddp at bf16-true on Gloo is refused saying what works; fsdp runs.
 # - A model library (the char transformer's, examples/char_transformer_bench.cpp,
 #   through loom/util/bench_model.hpp's entry point) trains under raw, ddp,
@@ -96,7 +99,8 @@ for c in cells:
     if c["payload_formula_bytes"] is None or c["payload_bytes_per_step"] != c["payload_formula_bytes"]:
         problems.append(f"{where}: payload {c['payload_bytes_per_step']} bytes per step, formula "
                         f"{c['payload_formula_bytes']} ({c['collectives_by_kind']})")
-    no_formula = c["cell"].startswith("ddp")
+    # ddp: a formula at one rank (no Reducer) and from 3 ranks (formulas.hpp).
+    no_formula = c["cell"].startswith("ddp") and (c["world_size"] == 2 or "find_unused_parameters_true" in c["cell"])
     # Tensor parallel's group may keep one pooled receive buffer of an
     # activation (batch 8 x width 32 floats) from the steps the count saw.
     slack = 8 * 32 * 4 if c["cell"] == "model_parallel" and c["world_size"] > 1 else 0
@@ -189,6 +193,52 @@ if [ "$status" -eq 0 ] || ! grep -q "alpha_us and bandwidth_gbit_s must be finit
   echo "FAIL: a bad network file was not refused up front (exit $status)"
   exit 1
 fi
+# The formulas at other precisions (bf16-mixed: float32 parameters, 16-bit
+# reduce-scatter, DeepSpeed's 16-bit mode; bf16-true) and on 2-D meshes
+# (HYBRID_SHARD 2 x 2, model_parallel data 2 x tensor 2), and ddp's from 3
+# ranks (4 here), byte for byte.
+tiny="--widths 16,32,32,32,4 --batch 8 --steps 4 --warmup 1 --block 2 --replays 1"
+# One precision per run, model_parallel last: a tensor-parallel cell's pooled
+# activation buffer (1 KiB here) may be freed while the next cell is counted.
+for precision in bf16-mixed bf16-true; do
+  timeout 60 "$bench" $tiny --world-sizes 2 --precisions "$precision" --out "precisions-$precision" --strategies \
+    fsdp,fsdp+sharding_strategy=SHARD_GRAD_OP,deepspeed_stage_1,deepspeed_stage_2,deepspeed_stage_3,model_parallel \
+    > precisions.txt 2>&1 || { cat precisions.txt; echo "FAIL: loom-bench at $precision failed"; exit 1; }
+done
+# A cell per run on 4 ranks: one cell's pooled buffers (a bf16 shard's
+# float32 copy, 1 KiB) may be freed while a later cell is counted.
+mesh=0
+for precision in 32-true bf16-mixed; do
+  for cell in ddp fsdp+sharding_strategy=HYBRID_SHARD+device_mesh_replicate=2+device_mesh_shard=2 \
+    model_parallel+data_parallel_size=2+tensor_parallel_size=2; do
+    mesh=$((mesh + 1))
+    timeout 60 "$bench" $tiny --world-sizes 4 --precisions "$precision" --out "meshes-$mesh" --strategies "$cell" \
+      > meshes.txt 2>&1 || { cat meshes.txt; echo "FAIL: loom-bench $cell at 4 ranks failed"; exit 1; }
+  done
+done
+/usr/bin/python3 - precisions-*/loom-bench.json meshes-*/loom-bench.json <<'EOF'
+import json, sys
+cells = [c for path in sys.argv[1:] for c in json.load(open(path))["cells"]]
+problems = []
+shard_psi = (16 * 32 + 32 + 2 * (32 * 32 + 32) + 32 * 4 + 4) // 2  # one shard of every unit at S = 2
+for c in cells:
+    where = f"{c['cell']} at {c['precision']}, {c['world_size']} ranks"
+    if c["refused"]:
+        problems.append(f"{where} was refused: {c['refused']}")
+        continue
+    # Pooled receive buffers the formulas leave out: tensor parallel's one
+    # activation; the two-rank exchange's across HYBRID_SHARD's 2 replicas.
+    slack = 8 * 32 * 4 if c["cell"].startswith("model_parallel") else 4 * shard_psi if "HYBRID" in c["cell"] else 0
+    if c["payload_formula_bytes"] is None or c["payload_bytes_per_step"] != c["payload_formula_bytes"] or \
+            c["state_formula_bytes"] is None or \
+            not c["state_formula_bytes"] <= c["state_bytes"] <= c["state_formula_bytes"] + slack:
+        problems.append(f"{where}: payload {c['payload_bytes_per_step']}, formula {c['payload_formula_bytes']}; "
+                        f"state {c['state_bytes']}, formula {c['state_formula_bytes']}")
+print("\n".join(problems) if problems else
+      f"formulas: {len(cells)} cells at bf16-mixed, bf16-true and on 2-D meshes carry and hold their formulas' bytes")
+sys.exit(1 if problems else 0)
+EOF
+
 # bench/allreduce.sh's cell: one kind, with c10d's allreduce beside loom's.
 timeout 60 "$bench" --fit-network raw.json --fit-kinds all_reduce --fit-raw-baseline --fit-sizes 4096,65536 \
   --fit-rounds 2 --fit-calls 1 > raw.txt 2>&1 || { cat raw.txt; echo "FAIL: --fit-raw-baseline failed"; exit 1; }

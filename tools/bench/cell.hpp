@@ -8,8 +8,6 @@
 //   torch_ddp, torch_zero1                PyTorch itself (python3-torch)
 #pragma once
 
-#include <cstdint>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -49,49 +47,5 @@ bool is_peer(std::string_view label);
 
 // What --one-rank-overhead runs: every strategy against single_device.
 std::vector<std::string> one_rank_cells();
-
-// The payload bytes per step a cell's collectives must carry (the
-// recording process group's count, loom/comm/traffic.hpp) on an MLP of
-// these widths, at 32-true, with N ranks and `batch` samples per rank. Ψ is
-// the parameter count, P = 4 bytes x the sum over units (each Linear) of its
-// parameters padded to a multiple of N (a unit's flat shard):
-//   raw, single_device, parallel, any cell at N = 1: 0
-//   ddp: 4Ψ (gradient buckets all-reduced); find_unused_parameters=true:
-//     + 4 bytes per parameter tensor (the Reducer's used-parameter map)
-//   fsdp NO_SHARD: 4Ψ
-//   fsdp FULL_SHARD (and HYBRID_SHARD on one replica), ZeRO-3: 3P
-//     (all-gather in forward and again in backward, reduce-scatter)
-//   fsdp SHARD_GRAD_OP, ZeRO-1 and -2: 2P (all-gather once, reduce-scatter)
-//   model_parallel, tensor parallel N on one data-parallel rank: 4 x batch
-//     x (the row-wise layers' outputs, all-reduced in forward, + the
-//     column-wise layers' inputs but the first's, all-reduced in backward,
-//     + an odd last layer's output, all-gathered in forward)
-// No value where no formula is written yet (other precisions, 2-D meshes).
-//
-// state_formula: the bytes of model state a rank holds between steps
-// (parameters, gradients, the optimizer's state: K bytes per parameter,
-// Adam's two moments 8, plain SGD's none 0; the engine's flat buffers), at
-// 32-true, with Ψ and P (in elements here) as above; with Adam (K = 8):
-//   raw, single_device, parallel, fsdp NO_SHARD, any cell at N = 1:
-//     (8 + K)Ψ = 16Ψ
-//   fsdp FULL_SHARD (HYBRID_SHARD on one replica), ZeRO-3: (8 + K)P/N = 16P/N
-//   fsdp SHARD_GRAD_OP, ZeRO-2: 4P + (4 + K)P/N = 4P + 12P/N (full
-//     parameters kept, in the units' padded flat buffers)
-//   ZeRO-1: 8P + KP/N = 8P + 8P/N (full parameters and gradients kept, padded)
-//   model_parallel, tensor parallel N on one data-parallel rank, an even
-//     number of layers: (8 + K) = 16 x this rank's parameters (column-wise layers:
-//     weight and bias / N; row-wise: weight / N, the bias whole). The
-//     tensor-parallel group may also keep a pooled receive buffer of one
-//     activation (batch x width floats; measured: 0 or 1 KiB at batch 8,
-//     width 32, from run to run), which the formula leaves out
-// ddp has none yet: its Reducer's bucket copies of the gradients (4Ψ), the
-// two-rank exchange's receive buffer (the bucket layout's) and, with
-// find_unused_parameters, its used-parameter maps (even at one rank).
-std::optional<double> state_formula(const cell& spec, const std::vector<std::int64_t>& widths, int world_size,
-                                    std::string_view precision, double optimizer_bytes);
-// K: the optimizer's state bytes per parameter (adam: 8, sgd: 0).
-double optimizer_state_bytes(std::string_view optimizer);
-std::optional<double> payload_formula(const cell& spec, const std::vector<std::int64_t>& widths, int world_size,
-                                      std::int64_t batch, std::string_view precision);
 
 }  // namespace loom_bench

@@ -63,7 +63,7 @@ struct cell_result {
   std::map<std::string, std::pair<double, double>> collectives_by_kind;
   double collectives_per_step = 0;
   double payload_bytes_per_step = 0;
-  std::optional<double> payload_formula_bytes;  // what the strategy's formula says (cell.hpp)
+  std::optional<double> payload_formula_bytes;  // what the strategy's formula says (formulas.hpp)
   // Rank 0's collectives of one step after the measured ones, in the order
   // entered: {kind, payload bytes}.
   std::vector<std::pair<std::string, double>> step_collectives;

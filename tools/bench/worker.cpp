@@ -1,6 +1,7 @@
 #include "worker.hpp"
 
 #include "cell.hpp"
+#include "formulas.hpp"
 #include "model_families.hpp"
 #include "network_fit.hpp"
 #include "network_model.hpp"
@@ -384,7 +385,7 @@ std::vector<cell_result> run_cells(const worker_options& options) {
       result.payload_bytes_per_step = r.traffic.total().payload_bytes / steps;
       result.wire_bytes_per_step = wire_bytes(result.collectives_by_kind, world_size);
       result.comm_in_flight_ms = static_cast<double>(r.traffic.in_flight_ns) / 1e6 / steps;
-      // The formulas are the MLP's (cell.hpp); a library's model has none.
+      // The formulas are the MLP's (formulas.hpp); a library's model has none.
       if (options.model_library.empty()) {
         result.payload_formula_bytes =
             payload_formula(r.spec, options.widths, world_size, options.batch_per_rank, result.precision);
