@@ -12,6 +12,10 @@
 //     the padding of the flat buffers;
 //   the peak during a step above what is held, and during build + setup, with
 //   the RSS high-water mark of each phase (VmHWM, reset through clear_refs).
+// Then FULL_SHARD with the model built inside fabric.init_module(true)
+// (sharded construction); the last line is
+//   init_peak_mib=X init_bound_mib=Y
+// its build + setup peak against 4(Ψ + padding)/N + the largest unit.
 //
 //   OMP_NUM_THREADS=1 build/bench/fsdp_memory 2
 #include "memory_probe.hpp"
@@ -63,10 +67,21 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
   }
+  // FULL_SHARD with the model built inside init_module(true): each unit
+  // sharded as it is built. The bound: this rank's parameter shards and the
+  // largest unit, whole while it is built, 4(Ψ + padding)/N + 4 x 1,049,600.
+  fsdp_fabric sharded({}, loom::fsdp());
+  const auto built = loom_bench::probe_memory(sharded, counter, inputs, targets, /*empty_init=*/true);
+  const double init_bound = (4.0 * (psi + static_cast<double>(built.padding)) / n + 4.0 * 1'049'600) / (1 << 20);
+  if (report) {
+    std::printf("FULL_SHARD built inside init_module(true): setup peak %.2f MiB (RSS hwm %.2f MiB), held %.2f MiB\n",
+                mib(built.setup_peak), mib(built.setup_rss), mib(built.held_b));
+  }
   if (report) {
     std::printf("(step peak: live bytes during one step above what is held between steps; setup peak: during "
                 "build + setup, above the count before the model; RSS: the process's high-water mark in each phase)\n");
     std::printf("largest unit: %.2f MiB of parameters (fc2, fc3: 1,049,600 each)\n", mib(4 * 1'049'600));
+    std::printf("init_peak_mib=%.4f init_bound_mib=%.4f\n", mib(built.setup_peak), init_bound);
   }
   std::fflush(stdout);
   launcher.barrier();

@@ -64,15 +64,21 @@ struct memory_probe {
 
 // Builds WideMlp with fp32 Adam under fabric (a sharded strategy), takes
 // three steps (Adam's state exists from the first), and measures.
+// empty_init: the model is built inside fabric.init_module(true) (sharded
+// construction where the strategy has it).
 template <class F>
-memory_probe probe_memory(F& fabric, counting_allocator& counter, const at::Tensor& inputs, const at::Tensor& targets) {
+memory_probe probe_memory(F& fabric, counting_allocator& counter, const at::Tensor& inputs, const at::Tensor& targets,
+                          bool empty_init = false) {
   memory_probe out;
   fabric.barrier();
   const std::int64_t before = counter.live();
   counter.reset_peak();
   reset_rss_peak();
   at::manual_seed(0);
-  WideMlp net;
+  WideMlp net = [&] {
+    auto guard = fabric.init_module(empty_init);
+    return WideMlp();
+  }();
   torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-3));
   auto [model, optimizer] = fabric.setup(net, adam);
   out.setup_peak = counter.peak() - before;

@@ -224,10 +224,14 @@ class basic_fabric {
   // 1.13 has no default device: modules are moved at setup.
   [[nodiscard("a guard acts only while it lives: name it (auto guard = ...)")]]
   auto init_tensor() const { return backend_.init_context(); }
-  // empty_init is accepted for Lightning parity; it has no effect until a
-  // sharded strategy can skip the initialisation.
+  // empty_init (Lightning's empty_init=True): under fsdp FULL_SHARD and
+  // deepspeed stage 3 (32-true) on more than one rank, each loom::unit<M>
+  // built inside keeps only this rank's shard of its parameters from the
+  // moment its constructor returns (loom/strategy/unit_construction.hpp);
+  // elsewhere it has no effect (single_device and ddp initialise as usual,
+  // where Lightning skips the initialisation; docs/fsdp.md).
   [[nodiscard("a guard acts only while it lives: name it (auto guard = ...)")]]
-  auto init_module(bool /*empty_init*/ = false) const { return backend_.init_context(); }
+  auto init_module(bool empty_init = false) const { return backend_.init_module_context(empty_init); }
 
   std::uint64_t seed_everything(std::optional<std::uint64_t> seed = std::nullopt) {
     return loom::seed_everything(seed);

@@ -11,6 +11,7 @@
 #include <loom/concepts.hpp>
 #include <loom/errors.hpp>
 #include <loom/fabric_options.hpp>
+#include <loom/strategy/unit_construction.hpp>
 #include <loom/util/decided.hpp>
 #include <loom/wrap/strategy_session.hpp>
 
@@ -21,6 +22,13 @@
 #include <utility>
 
 namespace loom {
+
+// init_module's guard: the precision's, then sharded construction's scope.
+template <class PrecisionGuard>
+struct [[nodiscard("a guard acts only while it lives: name it (auto guard = ...)")]] module_init_guard {
+  PrecisionGuard precision;
+  detail::construction_scope construction;
+};
 
 namespace detail {
 template <class A, class S, class P>
@@ -131,6 +139,17 @@ class static_backend {
 
   auto autocast() const { return precision_.forward_context(A::device_type); }
   auto init_context() const { return precision_.init_context(); }
+  // fabric.init_module(empty_init): the precision's dtype and, with
+  // empty_init under a strategy that shards units as they are built
+  // (construction_sharding(): fsdp FULL_SHARD, deepspeed stage 3), that scope.
+  auto init_module_context(bool empty_init) const {
+    std::optional<detail::construction_sharding> sharding;
+    if constexpr (requires { strategy_.construction_sharding(); }) {
+      if (empty_init) sharding = strategy_.construction_sharding();
+    }
+    return module_init_guard<decltype(precision_.init_context())>{
+        precision_.init_context(), detail::construction_scope(sharding ? &*sharding : nullptr)};
+  }
 
   // The strategy's collectives take a tensor or a nested container of them.
   void barrier() { strategy_.barrier(); }

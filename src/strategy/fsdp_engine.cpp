@@ -72,6 +72,16 @@ void allocate_storage(const at::Tensor& tensor, std::size_t nbytes) {
 }
 std::size_t bytes_of(const at::Tensor& flat) { return static_cast<std::size_t>(flat.numel()) * flat.element_size(); }
 
+// A gradient shard setup left without storage (sharded_unit::grad_shard_pending),
+// given its storage, zeroed: no gradient has been reduced into it yet.
+template <class Unit>
+void ensure_grad_shard(Unit& unit) {
+  if (!unit.grad_shard_pending) return;
+  allocate_storage(unit.grad_shard, bytes_of(unit.grad_shard));
+  unit.grad_shard.zero_();
+  unit.grad_shard_pending = false;
+}
+
 // A tensor over `base`'s storage with a version counter of its own.
 at::Tensor alias(const at::Tensor& base, int64_t offset, at::IntArrayRef shape) {
   at::NoGradGuard no_grad;
@@ -122,6 +132,9 @@ struct sharded_unit {
   bool backward_started = false;
   bool post_backward_done = false;
   bool grads_live = false;        // full_grad holds gradients (accumulating under no_backward_sync)
+  // grad_shard's storage comes with the first backward (or partitions()):
+  // setup holds no gradient, as torch's FSDP allocates them in backward.
+  bool grad_shard_pending = false;
   bool had_grad = false;          // the reduced shard is added to the gradients already there
   int grads_expected = 0;
   int grads_seen = 0;
@@ -323,6 +336,7 @@ struct fsdp_engine::impl {
     ensure_gathered(unit);
     point_full(unit);
     if (!unit.grads_live) {
+      ensure_grad_shard(unit);
       unit.had_grad = false;
       for (auto& p : unit.params) unit.had_grad = unit.had_grad || p.param.grad().defined();
       if (keeps_gradients() && unit.had_grad) {
@@ -466,6 +480,31 @@ class gradient_ready_hook final : public torch::autograd::FunctionPostHook {
  private:
   sharded_unit* unit_;
 };
+
+// The shard a unit's sharded construction left (unit_construction.hpp),
+// when the layout setup finds is the one it was cut for; throws
+// configuration_error saying what differs. Null: the unit was built whole.
+const constructed_shard* adopted_shard(const sharded_unit& unit, const fsdp_options& options, int shard, int rank) {
+  const constructed_shard* built = unit.marker != nullptr ? unit.marker->constructed() : nullptr;
+  if (built == nullptr) return nullptr;
+  const std::string refusal = "fsdp: unit " + unit.name + " was sharded as it was built (init_module(true)), but ";
+  const std::string remedy = "; build the model outside init_module(true) (each rank then holds it whole until setup)";
+  if (options.strategy != sharding_strategy::full_shard || built->shards != shard || built->rank != rank) {
+    throw configuration_error(refusal + "for " + std::to_string(built->shards) + " shards of FULL_SHARD, and it is "
+                              "set up as " + std::string(to_string(options.strategy)) + " over " +
+                              std::to_string(shard) + remedy);
+  }
+  bool same = built->parameters.size() == unit.params.size() && built->numel == unit.numel;
+  for (std::size_t i = 0; same && i < unit.params.size(); ++i) {
+    same = built->parameters[i] == unit.params[i].param.unsafeGetTensorImpl();
+  }
+  if (!same) {
+    throw configuration_error(refusal + "its parameters at setup are not the ones it was cut from (a weight tied "
+                              "to another unit, parameters added after its constructor, or a wrap policy that "
+                              "makes units inside it)" + remedy);
+  }
+  return built;
+}
 
 struct module_entry {
   std::string name;
@@ -714,15 +753,34 @@ fsdp_engine::fsdp_engine(torch::nn::Module& module, comm::process_group& world, 
     unit.padded = (unit.numel + shard - 1) / shard * shard;
     unit.shard_numel = unit.padded / shard;
     if (!unit.params.empty()) unit.partition = self.partitions++;
+    // Sharded at construction: the shard is there, the parameters are
+    // placeholders, and the flat buffer only gives their views a storage.
+    const constructed_shard* built = adopted_shard(unit, options, shard, self.shard_rank);
     if (unit.params.empty()) {
       unit.shard = at::empty({0});
       unit.full = unit.grad_shard = unit.full_grad = unit.reduced = unit.shard;
       continue;
     }
     const auto options_of = unit.params.front().param.options().requires_grad(false);
-    at::Tensor flat = at::zeros({unit.padded}, options_of);
-    for (auto& p : unit.params) flat.narrow(0, p.offset, p.numel).copy_(p.param.detach().reshape({-1}));
-    if (options.sync_module_states && world.valid()) world.broadcast(flat, 0);
+    if (shard > 1) {
+      // The gradient shard's storage waits for the first backward; made, its
+      // views cut, and emptied before the flat buffer exists, so setup's peak
+      // never holds both.
+      unit.grad_shard = at::empty({unit.shard_numel}, options_of);
+      const int64_t begin_of_shard = self.shard_rank * unit.shard_numel;
+      for (auto& p : unit.params) {
+        const int64_t begin = std::clamp(p.offset, begin_of_shard, begin_of_shard + unit.shard_numel);
+        const int64_t end = std::clamp(p.offset + p.numel, begin_of_shard, begin_of_shard + unit.shard_numel);
+        p.grad_shard_view = unit.grad_shard.narrow(0, begin - begin_of_shard, end - begin);
+      }
+      free_storage(unit.grad_shard);
+      unit.grad_shard_pending = true;
+    }
+    at::Tensor flat = built != nullptr ? at::empty({unit.padded}, options_of) : at::zeros({unit.padded}, options_of);
+    if (built == nullptr) {
+      for (auto& p : unit.params) flat.narrow(0, p.offset, p.numel).copy_(p.param.detach().reshape({-1}));
+      if (options.sync_module_states && world.valid()) world.broadcast(flat, 0);
+    }
     const bool keeps_full = options.strategy == sharding_strategy::shard_grad_op;
     if (shard > 1) {
       unit.full = flat;
@@ -730,8 +788,9 @@ fsdp_engine::fsdp_engine(torch::nn::Module& module, comm::process_group& world, 
       // own chunk, which the optimizer updates in place, and the gather
       // before the next forward fills the other chunks (4Ψ + 12Ψ/N).
       unit.shard = flat.narrow(0, self.shard_rank * unit.shard_numel, unit.shard_numel);
-      if (!keeps_full) unit.shard = unit.shard.clone();
-      unit.grad_shard = at::zeros({unit.shard_numel}, options_of);
+      if (built != nullptr) unit.shard = built->shard;
+      else if (!keeps_full) unit.shard = unit.shard.clone();
+      if (unit.marker != nullptr) unit.marker->set_constructed(nullptr);
     } else {
       unit.shard = unit.full = flat;
       unit.grad_shard = unit.full_grad = at::zeros({unit.padded}, options_of);
@@ -745,7 +804,6 @@ fsdp_engine::fsdp_engine(torch::nn::Module& module, comm::process_group& world, 
         const int64_t end = std::clamp(p.offset + p.numel, shard_begin, shard_end);
         p.local_offset = begin;
         p.shard_view = unit.shard.narrow(0, begin - shard_begin, end - begin);
-        p.grad_shard_view = unit.grad_shard.narrow(0, begin - shard_begin, end - begin);
       } else {
         p.local_offset = p.offset;
         p.shard_view = p.full_view;  // nothing sharded: the parameter keeps its shape
@@ -771,6 +829,7 @@ fsdp_engine::fsdp_engine(torch::nn::Module& module, comm::process_group& world, 
         // ZeRO-1: the reduced shard is the buffer's own chunk.
         unit.full_grad.zero_();
         unit.grad_shard = unit.full_grad.narrow(0, shard_begin, unit.shard_numel);
+        unit.grad_shard_pending = false;
         for (auto& p : unit.params) {
           const int64_t begin = std::clamp(p.offset, shard_begin, shard_end);
           const int64_t end = std::clamp(p.offset + p.numel, shard_begin, shard_end);
@@ -887,7 +946,9 @@ std::vector<unit_summary> fsdp_engine::units() const {
 std::vector<std::pair<at::Tensor, at::Tensor>> fsdp_engine::partitions() const {
   std::vector<std::pair<at::Tensor, at::Tensor>> out;
   for (const auto& unit : impl_->units) {
-    if (!unit->params.empty()) out.emplace_back(unit->shard, unit->grad_shard);
+    if (unit->params.empty()) continue;
+    ensure_grad_shard(*unit);  // ZeRO's optimizer reads it at its step
+    out.emplace_back(unit->shard, unit->grad_shard);
   }
   return out;
 }

@@ -296,6 +296,97 @@ void law_tied() {
   }
 }
 
+// fabric.init_module(true) (Lightning's empty_init=True) under FULL_SHARD
+// and ZeRO-3: each unit keeps only its shard from its constructor on (fc1,
+// fc2: placeholders of 4 bytes until setup; fc3, no unit, stays whole in the
+// root); after setup the gathered parameters equal one process's, built with
+// the same seed, element for element, and training follows the laws. Where
+// the shards cannot be what setup needs (a weight tied across units; built
+// for FULL_SHARD, set up under SHARD_GRAD_OP) setup refuses with what to do;
+// under SHARD_GRAD_OP init_module(true) has no effect.
+template <class F>
+std::string setup_refusal(F& fabric, Tied& net) {
+  torch::optim::SGD sgd(net->parameters(), 0.5);
+  try {
+    auto set_up = fabric.setup(net, sgd);
+  } catch (const loom::configuration_error& error) {
+    return error.what();
+  }
+  return "(no error)";
+}
+
+void law_sharded_construction() {
+  fsdp_fabric fabric({}, loom::fsdp());
+  auto build = [&] {
+    auto guard = fabric.init_module(true);
+    return make_net();
+  };
+  {
+    auto net = build();
+    for (const auto* unit : {&net->fc1, &net->fc2}) {
+      for (const auto& p : (*unit)->parameters()) {
+        LAW_EXPECT(p.storage().nbytes() == sizeof(float),
+                   "a unit built under init_module(true) keeps a parameter of %zu bytes, not a 4-byte placeholder",
+                   p.storage().nbytes());
+      }
+    }
+    LAW_EXPECT(net->fc3->weight.storage().nbytes() == 32 * 4 * sizeof(float),
+               "fc3 (not a unit) is whole until setup: %zu bytes", net->fc3->weight.storage().nbytes());
+    auto reference = make_net();
+    torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
+    auto [model, optimizer] = fabric.setup(net, adam);
+    const auto gathered = laws::flat(laws::full_parameters(fabric, model, net));
+    LAW_EXPECT(torch::equal(gathered, laws::flat_of(reference)),
+               "init_module(true): the gathered parameters differ from one process's by %.3g",
+               (gathered - laws::flat_of(reference)).abs().max().item<double>());
+  }
+  laws::law_equivalence(fabric, build, make_net, "FULL_SHARD, init_module(true)", laws::data_parallel_split(fabric));
+  {
+    loom::Fabric<loom::cpu, loom::deepspeed_stage_3, loom::fp32> zero;
+    auto build_zero = [&] {
+      auto guard = zero.init_module(true);
+      return make_net();
+    };
+    laws::law_equivalence(zero, build_zero, make_net, "ZeRO-3, init_module(true)", laws::data_parallel_split(zero));
+  }
+  {
+    auto net = [&] {
+      auto guard = fabric.init_module(true);
+      at::manual_seed(5);
+      return Tied();
+    }();
+    const std::string refused = setup_refusal(fabric, net);
+    LAW_EXPECT(refused.find("init_module(true)") != std::string::npos && refused.find("tied") != std::string::npos,
+               "a weight tied across units built under init_module(true): setup said \"%s\"", refused.c_str());
+  }
+  {
+    fsdp_fabric grad_op({}, loom::fsdp(loom::fsdp_options{.strategy = loom::sharding_strategy::shard_grad_op}));
+    auto guard = grad_op.init_module(true);
+    auto net = make_net();
+    LAW_EXPECT(net->fc1->weight.storage().nbytes() == 32 * 16 * sizeof(float),
+               "under SHARD_GRAD_OP init_module(true) has no effect: fc1.weight holds %zu bytes",
+               net->fc1->weight.storage().nbytes());
+  }
+  {
+    fsdp_fabric grad_op({}, loom::fsdp(loom::fsdp_options{.strategy = loom::sharding_strategy::shard_grad_op}));
+    auto net = [&] {
+      auto guard = fabric.init_module(true);
+      at::manual_seed(5);
+      return Tied();
+    }();
+    const std::string refused = setup_refusal(grad_op, net);
+    LAW_EXPECT(refused.find("SHARD_GRAD_OP") != std::string::npos,
+               "built under FULL_SHARD's init_module(true), set up under SHARD_GRAD_OP: setup said \"%s\"",
+               refused.c_str());
+  }
+  if (fabric.global_rank() == 0) {
+    std::printf("law (init_module(true)): FULL_SHARD and ZeRO-3 units keep only their shards from construction; "
+                "gathered after setup they equal one process's element for element; a tied weight and a "
+                "SHARD_GRAD_OP setup are refused\n");
+    std::fflush(stdout);
+  }
+}
+
 // Tried as a new user would: the tied model, Adam over net->parameters()
 // (which lists the tied weight twice in LibTorch), a full save between
 // steps. Training goes on as without the save, and equals single device.
@@ -479,7 +570,9 @@ int main(int argc, char** argv) {
           law_tied_full_save();
           law_sharded_checkpoint();
           law_sharded_one_unit();
+          law_sharded_construction();
         }},
+       {"construction", [](fsdp_fabric&) { law_sharded_construction(); }},
        {"laws_short", [&](fsdp_fabric&) { law_strategies(every_strategy); }},
        {"tied",
         [](fsdp_fabric&) {

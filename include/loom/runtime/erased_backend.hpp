@@ -113,6 +113,9 @@ class erased_backend {
   any_guard init_context() const {
     return any_guard([this](any_guard& guard) { fabric_->init_context(guard); });
   }
+  any_guard init_module_context(bool empty_init) const {
+    return any_guard([this, empty_init](any_guard& guard) { fabric_->init_module_context(guard, empty_init); });
+  }
 
   void barrier() { fabric_->barrier(); }
   template <class T>

@@ -134,6 +134,7 @@ class fabric_interface {
 
   virtual void autocast(any_guard& guard) const = 0;
   virtual void init_context(any_guard& guard) const = 0;
+  virtual void init_module_context(any_guard& guard, bool empty_init) const = 0;
 
   virtual void barrier() = 0;
   virtual at::Tensor all_reduce(const at::Tensor& tensor, reduce_op op) = 0;

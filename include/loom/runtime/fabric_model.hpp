@@ -76,6 +76,9 @@ class fabric_model final : public fabric_interface {
   void init_context(any_guard& guard) const override {
     guard.emplace_from([this] { return backend().init_context(); });
   }
+  void init_module_context(any_guard& guard, bool empty_init) const override {
+    guard.emplace_from([this, empty_init] { return backend().init_module_context(empty_init); });
+  }
 
   void barrier() override { backend().barrier(); }
   at::Tensor all_reduce(const at::Tensor& tensor, reduce_op op) override { return backend().all_reduce(tensor, op); }

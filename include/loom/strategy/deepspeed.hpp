@@ -115,6 +115,14 @@ struct deepspeed : fsdp {
     options_ = engine_options(config_);
   }
 
+  // fabric.init_module(true): stage 3 shards each loom::unit<M> as it is
+  // built, under 32-true; DeepSpeed's 16-bit mode converts the module at
+  // setup, so there it has no effect yet.
+  std::optional<detail::construction_sharding> construction_sharding() const {
+    if (precision_ != "32-true") return std::nullopt;
+    return fsdp::construction_sharding();
+  }
+
   // The module with its one optimizer (Lightning's rule): the engine shards
   // the parameters, the optimizer then steps this rank's partition.
   module_state setup_module_and_optimizers(torch::nn::Module& module,

@@ -52,6 +52,14 @@ struct fsdp : parallel {
     return engine;
   }
 
+  // fabric.init_module(true): FULL_SHARD over more than one rank shards
+  // each loom::unit<M> as it is built (unit_construction.hpp); the other
+  // sharding strategies keep or gather whole parameters at setup anyway.
+  std::optional<detail::construction_sharding> construction_sharding() const {
+    if (options_.strategy != sharding_strategy::full_shard || world_size() < 2) return std::nullopt;
+    return detail::construction_sharding{&runtime_pointer()->group(), options_.sync_module_states};
+  }
+
   template <class Forward>
   auto forward(module_state& engine, torch::nn::Module& /*module*/, Forward&& run) {
     return detail::forward_through(*engine, std::forward<Forward>(run));

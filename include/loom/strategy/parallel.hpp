@@ -88,6 +88,10 @@ struct parallel : strategy_base {
   }
   comm::process_group new_group(const std::vector<int>& ranks) { return group().new_group(ranks); }
 
+ protected:
+  // For a const member that hands the world group on (init_module's scope).
+  detail::distributed_runtime* runtime_pointer() const noexcept { return runtime_.get(); }
+
  private:
   parallel_options options_;
   std::shared_ptr<detail::distributed_runtime> runtime_;

@@ -8,6 +8,7 @@
 // torch::nn::Sequential (its forward has M's own signature where M has one).
 #pragma once
 
+#include <loom/strategy/unit_construction.hpp>
 #include <loom/util/apply_to_collection.hpp>
 #include <loom/util/held_module.hpp>
 
@@ -18,6 +19,7 @@
 
 #include <concepts>
 #include <functional>
+#include <memory>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -56,6 +58,11 @@ class unit_marker {
   // returns one): what activation checkpointing needs.
   virtual bool can_checkpoint() const noexcept { return false; }
 
+  // What sharded construction left (unit_construction.hpp): this rank's
+  // shard of the unit's own parameters, which setup adopts; null: built whole.
+  const detail::constructed_shard* constructed() const noexcept { return constructed_.get(); }
+  void set_constructed(std::shared_ptr<detail::constructed_shard> built) noexcept { constructed_ = std::move(built); }
+
  protected:
   template <class Result, class Body>
   Result run_unit(Body&& body) {
@@ -80,9 +87,16 @@ class unit_marker {
  private:
   detail::sharded_unit* unit_ = nullptr;
   bool checkpoint_activations_ = false;
+  std::shared_ptr<detail::constructed_shard> constructed_;
 };
 
 namespace detail {
+
+// A unit's last member: constructed once M and the marker are, it hands
+// the finished unit to sharded construction (a no-op outside init_module(true)).
+struct construction_hook {
+  construction_hook(torch::nn::Module& unit, unit_marker& marker) { unit_constructed(unit, marker); }
+};
 
 template <class Impl>
 constexpr bool is_module_impl() {
@@ -126,6 +140,8 @@ class unit_impl_of<Impl, Result (Class::*)(Args...)> : public Impl, public unit_
   at::Tensor call(const std::vector<at::Tensor>& inputs, std::index_sequence<I...>) {
     return Impl::forward(inputs[I]...);
   }
+
+  [[no_unique_address]] construction_hook constructed_{*this, *this};
 };
 
 // M's forward is a template or overloaded: forward whatever M accepts.
@@ -138,6 +154,9 @@ class unit_impl_of<Impl, void> : public Impl, public unit_marker {
     using result = decltype(std::declval<Impl&>().forward(std::forward<Args>(args)...));
     return this->template run_unit<result>([&]() -> result { return Impl::forward(std::forward<Args>(args)...); });
   }
+
+ private:
+  [[no_unique_address]] construction_hook constructed_{*this, *this};
 };
 
 template <class Impl>
