@@ -6,8 +6,10 @@
 //
 //   build/examples/fashion_mnist [--epochs 5] [--batch-size 64] [--lr 1e-3] [--data DIR]
 //                                [--accelerator cpu] [--strategy ddp] [--devices 2] [--precision bf16-mixed]
+//                                [--empty-init true|false] [--count-memory]
 #include <loom/any_fabric.hpp>
 #include <loom/runtime/registry.hpp>
+#include <loom/util/counting_allocator.hpp>
 #include <loom/loom.hpp>
 
 #include <CLI/CLI.hpp>
@@ -28,11 +30,15 @@
 
 namespace {
 
+// Each Linear a loom::unit: under fsdp and deepspeed a unit of sharding
+// (Lightning: FSDPStrategy(auto_wrap_policy={nn.Linear})), and built inside
+// init_module(true) it keeps only this rank's shard from its constructor on;
+// under any other strategy exactly a Linear.
 struct ClassifierImpl : torch::nn::Module {
   explicit ClassifierImpl(int64_t hidden)
-      : fc1(register_module("fc1", torch::nn::Linear(784, hidden))),
-        fc2(register_module("fc2", torch::nn::Linear(hidden, hidden / 2))),
-        fc3(register_module("fc3", torch::nn::Linear(hidden / 2, 10))),
+      : fc1(register_module("fc1", loom::unit<torch::nn::Linear>(784, hidden))),
+        fc2(register_module("fc2", loom::unit<torch::nn::Linear>(hidden, hidden / 2))),
+        fc3(register_module("fc3", loom::unit<torch::nn::Linear>(hidden / 2, 10))),
         dropout(register_module("dropout", torch::nn::Dropout(0.2))) {}
 
   at::Tensor forward(const at::Tensor& images) {
@@ -41,7 +47,7 @@ struct ClassifierImpl : torch::nn::Module {
     return fc3->forward(x);
   }
 
-  torch::nn::Linear fc1, fc2, fc3;
+  loom::unit<torch::nn::Linear> fc1, fc2, fc3;
   torch::nn::Dropout dropout;
 };
 TORCH_MODULE(Classifier);
@@ -62,6 +68,8 @@ struct options {
   std::optional<std::string> devices;
   std::optional<std::string> precision;
   int num_nodes = 1;
+  bool empty_init = true;     // build inside init_module(true)
+  bool count_memory = false;  // print the build + setup peak of tensor bytes
 };
 
 template <class Fabric, class Model, class Loader>
@@ -79,13 +87,22 @@ double accuracy(Fabric& fabric, Model& model, Loader& loader) {
   return static_cast<double>(totals[0].template item<int64_t>()) / static_cast<double>(totals[1].template item<int64_t>());
 }
 
-// The bytes of the distinct storages behind a module's parameters: the
-// whole model, or after FSDP's setup this rank's flat shards.
+// The bytes of the distinct storages behind a module's parameters: after
+// FSDP's setup this rank's flat shards.
 std::int64_t parameter_bytes(const torch::nn::Module& module) {
   std::set<const void*> seen;
   std::int64_t total = 0;
   for (const auto& p : module.parameters()) {
     if (seen.insert(p.storage().unsafeGetStorageImpl()).second) total += static_cast<std::int64_t>(p.storage().nbytes());
+  }
+  return total;
+}
+// The model's parameter bytes by shape (what one process holds whole).
+std::int64_t model_parameter_bytes(const torch::nn::Module& module) {
+  std::set<const void*> seen;
+  std::int64_t total = 0;
+  for (const auto& p : module.parameters()) {
+    if (seen.insert(p.unsafeGetTensorImpl()).second) total += p.numel() * static_cast<std::int64_t>(p.element_size());
   }
   return total;
 }
@@ -99,13 +116,24 @@ double run(Fabric& fabric, const options& opts) {
                "test images from", opts.data, "| strategy", fabric.strategy_name(), "on", fabric.world_size(),
                "process(es), precision", std::string(fabric.precision_name()));
 
+  // --count-memory: tensor bytes from here to the end of setup (the data
+  // are loaded above), through the counting allocator main() installed.
+  loom::counting_allocator* counter = opts.count_memory ? &loom::install_counting_allocator() : nullptr;
+  const std::int64_t before_model = counter != nullptr ? counter->live() : 0;
+  if (counter != nullptr) counter->reset_peak();
+  // Under fsdp and deepspeed stage 3 each unit keeps only its shard from its
+  // constructor on (Lightning's empty_init=True); elsewhere no effect.
   Classifier net = [&] {
-    auto init = fabric.init_module();
+    auto init = fabric.init_module(opts.empty_init);
     return Classifier(opts.hidden);
   }();
   torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(opts.lr));
-  const std::int64_t model_bytes = parameter_bytes(*net);
+  const std::int64_t model_bytes = model_parameter_bytes(*net);
   auto [model, optimizer] = fabric.setup(net, adam);
+  if (counter != nullptr) {
+    fabric.print("build_and_setup_peak_bytes_per_rank=" + std::to_string(counter->peak() - before_model) +
+                 " (rank 0's tensors, init_module(" + (opts.empty_init ? "true" : "false") + "))");
+  }
   // What this rank holds of the parameters (FSDP: its shards).
   const std::int64_t held_bytes = parameter_bytes(*net);
   auto train = fabric.setup_dataloaders(std::move(train_set), {.batch_size = opts.batch_size, .shuffle = true});
@@ -158,10 +186,6 @@ int train(const options& opts) {
   if (opts.devices) config.devices = *opts.devices;
   if (opts.precision) config.precision = *opts.precision;
   if (!opts.log_dir.empty()) config.loggers.emplace_back(loom::csv_logger(opts.log_dir, {.name = "fashion_mnist"}));
-  // Under FSDP each Linear is a unit (Lightning: FSDPStrategy(auto_wrap_policy={nn.Linear})).
-  if (loom::runtime::resolve(config, std::nullopt).chosen.strategy.rfind("fsdp", 0) == 0) {
-    config.strategy_options = R"({"auto_wrap_policy": ["Linear"]})";
-  }
   loom::AnyFabric fabric = loom::make_fabric(std::move(config));
   fabric.launch();  // --devices N without loom-run: starts the other N-1 processes
   const double test_accuracy = run(fabric, opts);  // reduced over every rank
@@ -191,6 +215,13 @@ int main(int argc, char** argv) {
   app.add_option("--devices", opts.devices, "processes (cpu) or devices (cuda): a count, auto, or indices");
   app.add_option("--precision", opts.precision, "32-true | 64-true | bf16-mixed | bf16-true | 16-mixed | ...");
   app.add_option("--num-nodes,--num_nodes", opts.num_nodes, "nodes of the job")->check(CLI::PositiveNumber);
+  app.add_option("--empty-init,--empty_init", opts.empty_init,
+                 "build the model inside init_module(true): under fsdp and deepspeed stage 3 each Linear keeps only "
+                 "this rank's shard from its constructor on")
+      ->capture_default_str();
+  app.add_flag("--count-memory,--count_memory", opts.count_memory,
+               "print build_and_setup_peak_bytes_per_rank= (rank 0's tensor bytes from the model's build to the end "
+               "of setup, counted by loom::counting_allocator)");
   CLI11_PARSE(app, argc, argv);
 
   try {
