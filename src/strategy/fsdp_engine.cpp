@@ -762,17 +762,26 @@ fsdp_engine::fsdp_engine(torch::nn::Module& module, comm::process_group& world, 
       continue;
     }
     const auto options_of = unit.params.front().param.options().requires_grad(false);
+    const int64_t shard_begin = self.shard_rank * unit.shard_numel;
+    const int64_t shard_end = shard_begin + unit.shard_numel;
+    // A parameter's elements in this rank's shard: [begin, end) of the flat buffer.
+    auto in_shard = [&](const unit_parameter& p) {
+      return std::pair{std::clamp(p.offset, shard_begin, shard_end),
+                       std::clamp(p.offset + p.numel, shard_begin, shard_end)};
+    };
+    // Each parameter's view of a shard-sized buffer (the gradient shard).
+    auto cut_shard_views = [&](const at::Tensor& buffer) {
+      for (auto& p : unit.params) {
+        const auto [begin, end] = in_shard(p);
+        p.grad_shard_view = buffer.narrow(0, begin - shard_begin, end - begin);
+      }
+    };
     if (shard > 1) {
       // The gradient shard's storage waits for the first backward; made, its
       // views cut, and emptied before the flat buffer exists, so setup's peak
       // never holds both.
       unit.grad_shard = at::empty({unit.shard_numel}, options_of);
-      const int64_t begin_of_shard = self.shard_rank * unit.shard_numel;
-      for (auto& p : unit.params) {
-        const int64_t begin = std::clamp(p.offset, begin_of_shard, begin_of_shard + unit.shard_numel);
-        const int64_t end = std::clamp(p.offset + p.numel, begin_of_shard, begin_of_shard + unit.shard_numel);
-        p.grad_shard_view = unit.grad_shard.narrow(0, begin - begin_of_shard, end - begin);
-      }
+      cut_shard_views(unit.grad_shard);
       free_storage(unit.grad_shard);
       unit.grad_shard_pending = true;
     }
@@ -795,13 +804,10 @@ fsdp_engine::fsdp_engine(torch::nn::Module& module, comm::process_group& world, 
       unit.shard = unit.full = flat;
       unit.grad_shard = unit.full_grad = at::zeros({unit.padded}, options_of);
     }
-    const int64_t shard_begin = self.shard_rank * unit.shard_numel;
-    const int64_t shard_end = shard_begin + unit.shard_numel;
     for (auto& p : unit.params) {
       p.full_view = alias(unit.full, p.offset, p.shape);
       if (shard > 1) {
-        const int64_t begin = std::clamp(p.offset, shard_begin, shard_end);
-        const int64_t end = std::clamp(p.offset + p.numel, shard_begin, shard_end);
+        const auto [begin, end] = in_shard(p);
         p.local_offset = begin;
         p.shard_view = unit.shard.narrow(0, begin - shard_begin, end - begin);
       } else {
@@ -830,11 +836,7 @@ fsdp_engine::fsdp_engine(torch::nn::Module& module, comm::process_group& world, 
         unit.full_grad.zero_();
         unit.grad_shard = unit.full_grad.narrow(0, shard_begin, unit.shard_numel);
         unit.grad_shard_pending = false;
-        for (auto& p : unit.params) {
-          const int64_t begin = std::clamp(p.offset, shard_begin, shard_end);
-          const int64_t end = std::clamp(p.offset + p.numel, shard_begin, shard_end);
-          p.grad_shard_view = unit.grad_shard.narrow(0, begin - shard_begin, end - begin);
-        }
+        cut_shard_views(unit.grad_shard);
       } else {
         free_storage(unit.full_grad);
       }

@@ -2,6 +2,7 @@
 
 #include <loom/comm/process_group.hpp>
 #include <loom/strategy/unit.hpp>
+#include <loom/strategy/unit_layout.hpp>
 
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
@@ -10,24 +11,12 @@
 #include <algorithm>
 #include <limits>
 #include <memory>
-#include <unordered_set>
 
 namespace loom::detail {
 
 namespace {
 
 thread_local const construction_sharding* active_sharding = nullptr;
-
-// The unit's own parameters in the engine's order (module order, each once),
-// leaving out nested units, which shard their own.
-void own_parameters(torch::nn::Module& module, std::vector<at::Tensor>& out, std::unordered_set<const void*>& seen) {
-  for (const auto& p : module.parameters(/*recurse=*/false)) {
-    if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
-  }
-  for (const auto& child : module.children()) {
-    if (dynamic_cast<unit_marker*>(child.get()) == nullptr) own_parameters(*child, out, seen);
-  }
-}
 
 }  // namespace
 
@@ -41,9 +30,7 @@ construction_scope::~construction_scope() { active_sharding = previous_; }
 void unit_constructed(torch::nn::Module& unit, unit_marker& marker) {
   const construction_sharding* sharding = active_sharding;
   if (sharding == nullptr || sharding->group == nullptr) return;
-  std::vector<at::Tensor> parameters;
-  std::unordered_set<const void*> seen;
-  own_parameters(unit, parameters, seen);
+  const std::vector<at::Tensor> parameters = unit_parameters(unit).front();
   if (parameters.empty()) return;
   // One flat buffer has one dtype and device: a unit mixing them is left
   // whole, and setup says why it cannot be sharded. So is a unit that
@@ -68,7 +55,7 @@ void unit_constructed(torch::nn::Module& unit, unit_marker& marker) {
   const at::Tensor nan = at::full({1}, std::numeric_limits<double>::quiet_NaN(), options);
   at::NoGradGuard no_grad;
   std::int64_t offset = 0;
-  for (auto& p : parameters) {
+  for (at::Tensor p : parameters) {
     at::Tensor values = p.detach();
     if (sharding->from_rank_zero) group.broadcast(values, 0);
     const std::int64_t from = std::clamp(offset, begin, end);
