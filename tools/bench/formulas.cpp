@@ -21,17 +21,17 @@ std::optional<element_bytes> bytes_of(std::string_view precision) {
   return std::nullopt;
 }
 
-// Ψ and P_n of the MLP (elements).
+// Ψ and P_n of the model (elements).
 struct parameter_counts {
   double psi = 0;
   double padded = 0;
 };
-parameter_counts counts_of(const std::vector<std::int64_t>& widths, int n) {
-  parameter_counts counts;
-  for (std::size_t i = 0; i + 1 < widths.size(); ++i) {
-    const std::int64_t numel = widths[i] * widths[i + 1] + widths[i + 1];
+double padded_to(std::int64_t numel, int n) { return static_cast<double>((numel + n - 1) / n * n); }
+parameter_counts counts_of(const model_shape& shape, int n) {
+  parameter_counts counts{static_cast<double>(shape.root_numel), padded_to(shape.root_numel, n)};
+  for (const std::int64_t numel : shape.unit_numels) {
     counts.psi += static_cast<double>(numel);
-    counts.padded += static_cast<double>((numel + n - 1) / n * n);
+    counts.padded += padded_to(numel, n);
   }
   return counts;
 }
@@ -92,7 +92,7 @@ double tensor_parallel_parameters(const std::vector<std::int64_t>& widths, int d
 
 double optimizer_state_bytes(std::string_view optimizer) { return optimizer == "sgd" ? 0 : 8; }
 
-std::optional<double> state_formula(const cell& spec, const std::vector<std::int64_t>& widths, int world_size,
+std::optional<double> state_formula(const cell& spec, const model_shape& shape, int world_size,
                                     std::string_view precision, double optimizer_bytes) {
   const auto bytes = bytes_of(precision);
   if (!bytes) return std::nullopt;
@@ -100,7 +100,7 @@ std::optional<double> state_formula(const cell& spec, const std::vector<std::int
   const double k = optimizer_bytes;
   const double per_parameter = 2 * e + k * e / 4;  // parameter, gradient, optimizer state
   const double n = world_size;
-  const auto [psi, padded] = counts_of(widths, world_size);
+  const auto [psi, padded] = counts_of(shape, world_size);
   const std::string& name = spec.strategy;
   if (name.rfind("ddp", 0) == 0) {
     const bool find_unused = name == "ddp_find_unused_parameters_true" ||
@@ -126,11 +126,12 @@ std::optional<double> state_formula(const cell& spec, const std::vector<std::int
     if (sharding == "NO_SHARD") return per_parameter * psi;
     const auto shards = shard_ranks(spec, world_size);
     if (!shards) return std::nullopt;
-    const double sharded = counts_of(widths, *shards).padded;
+    const double sharded = counts_of(shape, *shards).padded;
     if (sharding == "SHARD_GRAD_OP") return e * sharded + (e + k * e / 4) * sharded / *shards;
     return per_parameter * sharded / *shards;
   }
-  if (name == "model_parallel" && widths.size() % 2 == 1) {
+  const auto& widths = shape.widths;
+  if (name == "model_parallel" && !widths.empty() && widths.size() % 2 == 1) {
     const auto mesh = tensor_mesh(spec, world_size);
     if (!mesh) return std::nullopt;
     return per_parameter * tensor_parallel_parameters(widths, mesh->first, mesh->second);
@@ -138,20 +139,19 @@ std::optional<double> state_formula(const cell& spec, const std::vector<std::int
   return std::nullopt;
 }
 
-std::optional<double> payload_formula(const cell& spec, const std::vector<std::int64_t>& widths, int world_size,
-                                      std::int64_t batch, std::string_view precision) {
+std::optional<double> payload_formula(const cell& spec, const model_shape& shape, int world_size, std::int64_t batch,
+                                      std::string_view precision) {
   if (runs_alone(spec, world_size)) return 0.0;
   const auto bytes = bytes_of(precision);
   if (!bytes) return std::nullopt;
   const double g = bytes->gathered;
   const double r = bytes->reduced;
-  const std::size_t layers = widths.size() - 1;
-  const auto [psi, padded] = counts_of(widths, world_size);
+  const auto [psi, padded] = counts_of(shape, world_size);
   const std::string& name = spec.strategy;
   if (name.rfind("ddp", 0) == 0) {
     const bool find_unused = spec.option("find_unused_parameters", name == "ddp_find_unused_parameters_true"
                                                                        ? "true" : "false") == "true";
-    return 4 * psi + (find_unused ? 4.0 * static_cast<double>(2 * layers) : 0.0);
+    return 4 * psi + (find_unused ? 4.0 * static_cast<double>(shape.parameter_tensors) : 0.0);
   }
   if (is_fsdp(spec)) {
     const std::string sharding = spec.option("sharding_strategy", "FULL_SHARD");
@@ -159,16 +159,21 @@ std::optional<double> payload_formula(const cell& spec, const std::vector<std::i
     if (sharding == "SHARD_GRAD_OP") return (g + r) * padded;
     const auto shards = shard_ranks(spec, world_size);
     if (!shards) return std::nullopt;
-    const double sharded = counts_of(widths, *shards).padded;
+    const double sharded = counts_of(shape, *shards).padded;
     const bool replicated = *shards < world_size;
-    return (2 * g + r) * sharded + (replicated ? 4 * sharded / *shards : 0.0);
+    // The root is gathered once (it stays gathered from forward to backward).
+    return (2 * g + r) * sharded - g * padded_to(shape.root_numel, *shards) +
+           (replicated ? 4 * sharded / *shards : 0.0);
   }
   if (is_zero(spec)) {
     const bool stage_3 = zero_stage(spec) == '3';
-    if (bytes->zero_16_bit) return (stage_3 ? 8 : 6) * padded;
-    return (stage_3 ? 12 : 8) * padded;
+    const double root = padded_to(shape.root_numel, world_size);
+    if (bytes->zero_16_bit) return stage_3 ? 8 * padded - 2 * root : 6 * padded;
+    return stage_3 ? 12 * padded - 4 * root : 8 * padded;
   }
-  if (name == "model_parallel") {
+  const auto& widths = shape.widths;
+  if (name == "model_parallel" && !widths.empty()) {
+    const std::size_t layers = widths.size() - 1;
     const auto mesh = tensor_mesh(spec, world_size);
     if (!mesh || (precision != "32-true" && layers % 2 == 1)) return std::nullopt;
     double activations = 0;

@@ -1,9 +1,11 @@
 // What each strategy's collectives must carry and what model state a rank
-// must hold, per step, for loom-bench's MLP: the formulas a cell's counts
-// are checked against. No torch headers.
+// must hold, per step, for a model of this shape: the formulas a cell's
+// counts are checked against. No torch headers.
 //
-// Ψ is the parameter count; P_n the sum over units (each Linear) of its
-// parameters padded to a multiple of n (a unit's flat shard); N the ranks.
+// Ψ is the parameter count; P_n the sum over units (the root and each
+// loom::unit, loom/strategy/unit_layout.hpp: each Linear of the MLP) of the
+// unit's own parameters padded to a multiple of n (a unit's flat shard); N
+// the ranks.
 // Per precision (on the CPU, Gloo), in bytes per element:
 //   e  parameters, gradients, Adam's moments: 4 at 32-true and the mixed
 //      precisions (float32 parameters under autocast), 2 at bf16-true
@@ -22,7 +24,9 @@
 //     + 4 bytes per parameter tensor (the Reducer's used-parameter map)
 //   fsdp NO_SHARD: aΨ (the gradients, float32 or bfloat16, all-reduced)
 //   fsdp FULL_SHARD, ZeRO-3 at 32-true: (2g + r)P_N (all-gather in forward
-//     and again in backward, reduce-scatter)
+//     and again in backward, reduce-scatter), but the root unit's gRoot_N
+//     once: the root stays gathered from its forward to its backward, as in
+//     torch's FSDP (P_N = units + Root_N; the MLP's root holds nothing)
 //   fsdp SHARD_GRAD_OP, ZeRO-1 and -2 at 32-true: (g + r)P_N
 //   fsdp HYBRID_SHARD, mesh R x S (R replicas of S shards, both given as
 //     device_mesh_replicate and device_mesh_shard; else S = N on one node):
@@ -64,7 +68,8 @@
 //     activation (batch x width floats; measured: 0 or 1 KiB at batch 8,
 //     width 32, from run to run), which the formula leaves out
 // No value where no formula is written: other precisions (16-true, 64-true,
-// transformer-engine), NVMe offload, models from a library.
+// transformer-engine), NVMe offload, model_parallel on a library's model
+// (its plan is the library's).
 #pragma once
 
 #include "cell.hpp"
@@ -76,11 +81,19 @@
 
 namespace loom_bench {
 
-std::optional<double> state_formula(const cell& spec, const std::vector<std::int64_t>& widths, int world_size,
+// What the formulas need of a model (read from the model as built).
+struct model_shape {
+  std::int64_t root_numel = 0;            // the root unit's own parameters (elements)
+  std::vector<std::int64_t> unit_numels;  // each loom::unit's own parameters, in order (those with any)
+  std::int64_t parameter_tensors = 0;
+  std::vector<std::int64_t> widths;  // the MLP's (model_parallel's formulas); empty for a library's model
+};
+
+std::optional<double> state_formula(const cell& spec, const model_shape& shape, int world_size,
                                     std::string_view precision, double optimizer_bytes);
 // K: the optimizer's state bytes per parameter (adam: 8, sgd: 0).
 double optimizer_state_bytes(std::string_view optimizer);
-std::optional<double> payload_formula(const cell& spec, const std::vector<std::int64_t>& widths, int world_size,
-                                      std::int64_t batch, std::string_view precision);
+std::optional<double> payload_formula(const cell& spec, const model_shape& shape, int world_size, std::int64_t batch,
+                                      std::string_view precision);
 
 }  // namespace loom_bench

@@ -34,7 +34,8 @@ std::int64_t floats_for(std::uint64_t payload_bytes, int ranks) {
 }  // namespace
 
 struct collective_bench::state {
-  explicit state(loom::comm::backend backend) : fabric({}, loom::parallel(loom::parallel_options{.backend = backend})) {}
+  explicit state(loom::comm::backend backend)
+      : fabric({}, loom::parallel(loom::parallel_options{.backend = backend})) {}
 
   loom::Fabric<loom::cpu, loom::parallel> fabric;
   loom::comm::process_group* group = nullptr;

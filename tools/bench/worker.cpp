@@ -13,6 +13,7 @@
 #include <loom/runtime/make_fabric_with_strategy.hpp>
 #include <loom/runtime/strategy_options.hpp>
 #include <loom/strategy/model_parallel.hpp>
+#include <loom/strategy/unit_layout.hpp>
 #include <loom/util/counting_allocator.hpp>
 #include <loom/util/flop_counter.hpp>
 #include <loom/util/offload_io.hpp>
@@ -226,6 +227,25 @@ void nvme_figures(runner& r, int steps, collective_bench* ranks) {
   r.result.nvme = figures;
 }
 
+// What the formulas need of the model (formulas.hpp), read from a plain
+// copy: its units' sizes (loom/strategy/unit_layout.hpp) and parameter
+// tensors; the MLP's widths for model_parallel's.
+model_shape shape_of(const worker_options& options, const loom::bench::model_family& family) {
+  at::manual_seed(0);
+  const std::shared_ptr<loom::bench::model> net = family.build();
+  model_shape shape;
+  const auto units = loom::unit_parameters(*net);
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    std::int64_t numel = 0;
+    for (const auto& p : units[u]) numel += p.numel();
+    shape.parameter_tensors += static_cast<std::int64_t>(units[u].size());
+    if (u == 0) shape.root_numel = numel;
+    else if (numel > 0) shape.unit_numels.push_back(numel);
+  }
+  if (options.model_library.empty()) shape.widths = options.widths;
+  return shape;
+}
+
 }  // namespace
 
 std::vector<cell_result> run_cells(const worker_options& options) {
@@ -304,6 +324,7 @@ std::vector<cell_result> run_cells(const worker_options& options) {
     }
   }
   const double flop = step_flop(options, *family);
+  const model_shape shape = shape_of(options, *family);
   for (auto& r : runners) {
     if (!r.step) continue;
     for (int s = 0; s < options.warmup; ++s) r.step(nullptr);
@@ -385,13 +406,12 @@ std::vector<cell_result> run_cells(const worker_options& options) {
       result.payload_bytes_per_step = r.traffic.total().payload_bytes / steps;
       result.wire_bytes_per_step = wire_bytes(result.collectives_by_kind, world_size);
       result.comm_in_flight_ms = static_cast<double>(r.traffic.in_flight_ns) / 1e6 / steps;
-      // The formulas are the MLP's (formulas.hpp); a library's model has none.
-      if (options.model_library.empty()) {
-        result.payload_formula_bytes =
-            payload_formula(r.spec, options.widths, world_size, options.batch_per_rank, result.precision);
-        result.state_formula_bytes = state_formula(r.spec, options.widths, world_size, result.precision,
-                                                   optimizer_state_bytes(options.optimizer));
-      }
+      // The formulas (formulas.hpp) for the model's shape (a library's model:
+      // none for model_parallel, whose plan is the library's).
+      result.payload_formula_bytes =
+          payload_formula(r.spec, shape, world_size, options.batch_per_rank, result.precision);
+      result.state_formula_bytes =
+          state_formula(r.spec, shape, world_size, result.precision, optimizer_state_bytes(options.optimizer));
     }
     result.rss_peak_mib = rss;
     result.model = family->description;
