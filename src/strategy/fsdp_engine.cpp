@@ -27,6 +27,7 @@
 #include <loom/errors.hpp>
 #include <loom/strategy/fsdp_engine.hpp>
 #include <loom/strategy/unit.hpp>
+#include <loom/strategy/unit_layout.hpp>
 
 #include "../checkpoint/optimizer_state.hpp"
 #include "../util/optimizer_families.hpp"
@@ -750,8 +751,9 @@ fsdp_engine::fsdp_engine(torch::nn::Module& module, comm::process_group& world, 
       }
       unit.params.push_back(std::move(p));
     }
-    unit.padded = (unit.numel + shard - 1) / shard * shard;
-    unit.shard_numel = unit.padded / shard;
+    const flat_shard layout{unit.numel, shard, self.shard_rank};
+    unit.padded = layout.padded();
+    unit.shard_numel = layout.shard_numel();
     if (!unit.params.empty()) unit.partition = self.partitions++;
     // Sharded at construction: the shard is there, the parameters are
     // placeholders, and the flat buffer only gives their views a storage.
@@ -762,17 +764,11 @@ fsdp_engine::fsdp_engine(torch::nn::Module& module, comm::process_group& world, 
       continue;
     }
     const auto options_of = unit.params.front().param.options().requires_grad(false);
-    const int64_t shard_begin = self.shard_rank * unit.shard_numel;
-    const int64_t shard_end = shard_begin + unit.shard_numel;
-    // A parameter's elements in this rank's shard: [begin, end) of the flat buffer.
-    auto in_shard = [&](const unit_parameter& p) {
-      return std::pair{std::clamp(p.offset, shard_begin, shard_end),
-                       std::clamp(p.offset + p.numel, shard_begin, shard_end)};
-    };
+    const int64_t shard_begin = layout.begin();
     // Each parameter's view of a shard-sized buffer (the gradient shard).
     auto cut_shard_views = [&](const at::Tensor& buffer) {
       for (auto& p : unit.params) {
-        const auto [begin, end] = in_shard(p);
+        const auto [begin, end] = layout.part(p.offset, p.numel);
         p.grad_shard_view = buffer.narrow(0, begin - shard_begin, end - begin);
       }
     };
@@ -796,7 +792,7 @@ fsdp_engine::fsdp_engine(torch::nn::Module& module, comm::process_group& world, 
       // SHARD_GRAD_OP (ZeRO-2) keeps the whole flat buffer: its shard is its
       // own chunk, which the optimizer updates in place, and the gather
       // before the next forward fills the other chunks (4Ψ + 12Ψ/N).
-      unit.shard = flat.narrow(0, self.shard_rank * unit.shard_numel, unit.shard_numel);
+      unit.shard = flat.narrow(0, shard_begin, unit.shard_numel);
       if (built != nullptr) unit.shard = built->shard;
       else if (!keeps_full) unit.shard = unit.shard.clone();
       if (unit.marker != nullptr) unit.marker->set_constructed(nullptr);
@@ -807,7 +803,7 @@ fsdp_engine::fsdp_engine(torch::nn::Module& module, comm::process_group& world, 
     for (auto& p : unit.params) {
       p.full_view = alias(unit.full, p.offset, p.shape);
       if (shard > 1) {
-        const auto [begin, end] = in_shard(p);
+        const auto [begin, end] = layout.part(p.offset, p.numel);
         p.local_offset = begin;
         p.shard_view = unit.shard.narrow(0, begin - shard_begin, end - begin);
       } else {

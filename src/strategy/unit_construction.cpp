@@ -8,7 +8,6 @@
 #include <ATen/ops/zeros.h>
 #include <torch/nn/module.h>
 
-#include <algorithm>
 #include <limits>
 #include <memory>
 
@@ -45,12 +44,9 @@ void unit_constructed(torch::nn::Module& unit, unit_marker& marker) {
   built->shards = group.size();
   built->rank = group.rank();
   for (const auto& p : parameters) built->numel += p.numel();
-  const std::int64_t padded = (built->numel + built->shards - 1) / built->shards * built->shards;
-  const std::int64_t shard_numel = padded / built->shards;
-  const std::int64_t begin = built->rank * shard_numel;
-  const std::int64_t end = begin + shard_numel;
+  const flat_shard layout{built->numel, built->shards, built->rank};
   const auto options = parameters.front().options().requires_grad(false);
-  built->shard = at::zeros({shard_numel}, options);
+  built->shard = at::zeros({layout.shard_numel()}, options);
   // A placeholder of each shape over one NaN: no storage of the parameter's size.
   const at::Tensor nan = at::full({1}, std::numeric_limits<double>::quiet_NaN(), options);
   at::NoGradGuard no_grad;
@@ -58,10 +54,10 @@ void unit_constructed(torch::nn::Module& unit, unit_marker& marker) {
   for (at::Tensor p : parameters) {
     at::Tensor values = p.detach();
     if (sharding->from_rank_zero) group.broadcast(values, 0);
-    const std::int64_t from = std::clamp(offset, begin, end);
-    const std::int64_t to = std::clamp(offset + p.numel(), begin, end);
+    const auto [from, to] = layout.part(offset, p.numel());
     if (to > from) {
-      built->shard.narrow(0, from - begin, to - from).copy_(values.reshape({-1}).narrow(0, from - offset, to - from));
+      built->shard.narrow(0, from - layout.begin(), to - from)
+          .copy_(values.reshape({-1}).narrow(0, from - offset, to - from));
     }
     built->parameters.push_back(p.unsafeGetTensorImpl());
     offset += p.numel();
