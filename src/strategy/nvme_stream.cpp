@@ -187,15 +187,17 @@ struct nvme_stream::impl {
         counters.bytes_written += moved;
         tally.bytes_written.fetch_add(moved, std::memory_order_relaxed);
         if (--writes_in_flight == 0) {
-          counters.write_busy_seconds += std::chrono::duration<double>(now - write_since).count();
-          tally.write_busy_ns.fetch_add(nanoseconds_between(write_since, now), std::memory_order_relaxed);
+          const std::uint64_t busy = nanoseconds_between(write_since, now);
+          counters.write_busy_seconds += static_cast<double>(busy) / 1e9;
+          tally.write_busy_ns.fetch_add(busy, std::memory_order_relaxed);
         }
       } else {
         counters.bytes_read += moved;
         tally.bytes_read.fetch_add(moved, std::memory_order_relaxed);
         if (--reads_in_flight == 0) {
-          counters.read_busy_seconds += std::chrono::duration<double>(now - read_since).count();
-          tally.read_busy_ns.fetch_add(nanoseconds_between(read_since, now), std::memory_order_relaxed);
+          const std::uint64_t busy = nanoseconds_between(read_since, now);
+          counters.read_busy_seconds += static_cast<double>(busy) / 1e9;
+          tally.read_busy_ns.fetch_add(busy, std::memory_order_relaxed);
         }
       }
       try {
