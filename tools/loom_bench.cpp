@@ -34,6 +34,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <optional>
@@ -44,6 +45,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>
@@ -409,17 +411,16 @@ void complete(arguments& args) {
     }
     if (args.emulation == "alltoall") args.fit.emulation = loom::comm::emulation::alltoall;
     if (!args.fit_kinds.empty()) {
-      args.fit.kinds.clear();
+      // The kinds the microbenchmarks can run: the default list, every one.
+      const auto measurable = std::exchange(args.fit.kinds, {});
       for (const auto& name : loom_bench::split_list(args.fit_kinds)) {
         const auto kind = loom_bench::kind_named(name);
-        const bool measured = kind && (*kind == loom::comm::collective_kind::all_reduce ||
-                                       *kind == loom::comm::collective_kind::all_gather ||
-                                       *kind == loom::comm::collective_kind::reduce_scatter ||
-                                       *kind == loom::comm::collective_kind::broadcast ||
-                                       *kind == loom::comm::collective_kind::barrier);
-        if (!measured) {
-          throw CLI::ValidationError("--fit-kinds: '" + name + "' is not measured; accepted: all_reduce, all_gather, "
-                                     "reduce_scatter, broadcast, barrier");
+        if (!kind || std::find(measurable.begin(), measurable.end(), *kind) == measurable.end()) {
+          std::string accepted;
+          for (const auto k : measurable) {
+            accepted += std::string(accepted.empty() ? "" : ", ") + loom::comm::name_of(k);
+          }
+          throw CLI::ValidationError("--fit-kinds: '" + name + "' is not measured; accepted: " + accepted);
         }
         args.fit.kinds.push_back(*kind);
       }

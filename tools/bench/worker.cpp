@@ -46,7 +46,6 @@ double ms_between(clock_type::time_point a, clock_type::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
-
 // This thread's CPU time (CLOCK_THREAD_CPUTIME_ID), in ms.
 double thread_cpu_ms() {
   timespec now{};
@@ -194,12 +193,11 @@ void make_fabric_cell(runner& r, const worker_options& options,
 
 // The model FLOP of one step at the per-rank batch (forward and backward
 // matrix products), counted once on a plain copy of the model.
-double step_flop(const worker_options& options, const loom::bench::model_family& family) {
-  at::manual_seed(0);
-  const std::shared_ptr<loom::bench::model> net = family.build();
+double step_flop(const worker_options& options, const loom::bench::model_family& family,
+                 loom::bench::model& plain) {
   const batch data = family.make_batch(options.batch_per_rank, 0);
   const auto counted = loom::measure_flops(
-      *net, [&]() { return net->forward(data.inputs); },
+      plain, [&]() { return plain.forward(data.inputs); },
       [&](const at::Tensor& output) { return family.loss(output, data.targets); });
   return counted.total();
 }
@@ -230,11 +228,9 @@ void nvme_figures(runner& r, int steps, collective_bench* ranks) {
 // What the formulas need of the model (formulas.hpp), read from a plain
 // copy: its units' sizes (loom/strategy/unit_layout.hpp) and parameter
 // tensors; the MLP's widths for model_parallel's.
-model_shape shape_of(const worker_options& options, const loom::bench::model_family& family) {
-  at::manual_seed(0);
-  const std::shared_ptr<loom::bench::model> net = family.build();
+model_shape shape_of(const worker_options& options, loom::bench::model& plain) {
   model_shape shape;
-  const auto units = loom::unit_parameters(*net);
+  const auto units = loom::unit_parameters(plain);
   for (std::size_t u = 0; u < units.size(); ++u) {
     std::int64_t numel = 0;
     for (const auto& p : units[u]) numel += p.numel();
@@ -323,8 +319,11 @@ std::vector<cell_result> run_cells(const worker_options& options) {
       break;
     }
   }
-  const double flop = step_flop(options, *family);
-  const model_shape shape = shape_of(options, *family);
+  // One plain copy of the model: the formulas' shape and the FLOP of a step.
+  at::manual_seed(0);
+  const std::shared_ptr<loom::bench::model> plain = family->build();
+  const model_shape shape = shape_of(options, *plain);
+  const double flop = step_flop(options, *family, *plain);
   for (auto& r : runners) {
     if (!r.step) continue;
     for (int s = 0; s < options.warmup; ++s) r.step(nullptr);
@@ -366,9 +365,6 @@ std::vector<cell_result> run_cells(const worker_options& options) {
       for (std::size_t p = 0; p < plans.size(); ++p) replayed[p].push_back(bench->replay_once(plans[p].second));
     }
     for (std::size_t p = 0; p < plans.size(); ++p) plans[p].first->result.comm_alone_ms = spread_of(replayed[p]).median;
-    for (auto& r : runners) {
-      if (r.step) nvme_figures(r, options.steps, bench.get());
-    }
     if (!options.fit_network.empty() && bench->rank() == 0) {
       const auto net = fit_network(bench->samples(), world_size,
                                    "loopback: Gloo over 127.0.0.1, " + std::to_string(world_size) +
@@ -379,10 +375,8 @@ std::vector<cell_result> run_cells(const worker_options& options) {
       if (!out) throw std::runtime_error("loom-bench: " + options.fit_network + " cannot be written");
     }
   }
-  if (!bench) {
-    for (auto& r : runners) {
-      if (r.step) nvme_figures(r, options.steps, nullptr);
-    }
+  for (auto& r : runners) {
+    if (r.step) nvme_figures(r, options.steps, bench.get());  // summed over the ranks where a group is formed
   }
   std::vector<cell_result> results;
   if (rank != 0) return results;
