@@ -16,14 +16,51 @@
 #include "allocation_counter.hpp"
 
 #include <atomic>
+#include <cerrno>
 #include <cstddef>
 #include <cstdlib>
 #include <new>
+
+#include <unistd.h>
 
 namespace {
 std::atomic<unsigned long long> allocations{0};
 std::atomic<unsigned long long> live_bytes{0};
 std::atomic<unsigned long long> peak_bytes{0};
+std::atomic<unsigned long long> cap_bytes{0};  // 0: none
+std::atomic<unsigned long long> cap_refusals{0};
+
+// The first refusal, on stderr with write(2): whatever fails next (an
+// exception, or std::terminate in a library's thread), the output says the
+// cap was reached. No allocation here: the heap is what is refused.
+[[maybe_unused]] void say_first_refusal(unsigned long long bytes, unsigned long long cap) noexcept {
+  char line[160];
+  std::size_t at = 0;
+  auto text = [&](const char* s) {
+    while (*s != '\0' && at < sizeof line) line[at++] = *s++;
+  };
+  auto number = [&](unsigned long long n) {
+    char digits[24];
+    int count = 0;
+    do digits[count++] = static_cast<char>('0' + n % 10); while ((n /= 10) != 0);
+    while (count > 0 && at < sizeof line) line[at++] = digits[--count];
+  };
+  text("heap cap: refused an allocation of ");
+  number(bytes);
+  text(" bytes (cap ");
+  number(cap);
+  text(" bytes live)\n");
+  [[maybe_unused]] const auto written = ::write(2, line, at);
+}
+
+// Whether `more` bytes (requested; the block's usable size may be a few
+// bytes larger) would take the live bytes above the cap; counts a refusal.
+[[maybe_unused]] bool over_cap(unsigned long long more) noexcept {
+  const unsigned long long cap = cap_bytes.load(std::memory_order_relaxed);
+  if (cap == 0 || live_bytes.load(std::memory_order_relaxed) + more <= cap) return false;
+  if (cap_refusals.fetch_add(1, std::memory_order_relaxed) == 0) say_first_refusal(more, cap);
+  return true;
+}
 
 void note_allocated(std::size_t bytes) noexcept {
   const unsigned long long now = live_bytes.fetch_add(bytes, std::memory_order_relaxed) + bytes;
@@ -39,6 +76,13 @@ unsigned long long allocation_count() noexcept { return allocations.load(std::me
 unsigned long long heap_live_bytes() noexcept { return live_bytes.load(std::memory_order_relaxed); }
 unsigned long long heap_peak_bytes() noexcept { return peak_bytes.load(std::memory_order_relaxed); }
 void reset_heap_peak() noexcept { peak_bytes.store(live_bytes.load(std::memory_order_relaxed), std::memory_order_relaxed); }
+void set_heap_cap(unsigned long long bytes) noexcept { cap_bytes.store(bytes, std::memory_order_relaxed); }
+unsigned long long heap_cap_refusals() noexcept { return cap_refusals.load(std::memory_order_relaxed); }
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+bool heap_cap_enforced() noexcept { return false; }
+#else
+bool heap_cap_enforced() noexcept { return true; }
+#endif
 }  // namespace loom_test
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -73,9 +117,18 @@ static void* noted(void* pointer) noexcept {
   if (pointer != nullptr) note_allocated(malloc_usable_size(pointer));
   return pointer;
 }
-void* malloc(std::size_t size) noexcept { return noted(__libc_malloc(size)); }
-void* calloc(std::size_t count, std::size_t size) noexcept { return noted(__libc_calloc(count, size)); }
-void* memalign(std::size_t alignment, std::size_t size) noexcept { return noted(__libc_memalign(alignment, size)); }
+static void* refused() noexcept {
+  errno = ENOMEM;
+  return nullptr;
+}
+void* malloc(std::size_t size) noexcept { return over_cap(size) ? refused() : noted(__libc_malloc(size)); }
+void* calloc(std::size_t count, std::size_t size) noexcept {
+  if (count != 0 && size > static_cast<std::size_t>(-1) / count) return refused();
+  return over_cap(count * size) ? refused() : noted(__libc_calloc(count, size));
+}
+void* memalign(std::size_t alignment, std::size_t size) noexcept {
+  return over_cap(size) ? refused() : noted(__libc_memalign(alignment, size));
+}
 void* aligned_alloc(std::size_t alignment, std::size_t size) noexcept { return memalign(alignment, size); }
 void* valloc(std::size_t size) noexcept { return memalign(4096, size); }
 int posix_memalign(void** out, std::size_t alignment, std::size_t size) noexcept {
@@ -87,6 +140,7 @@ int posix_memalign(void** out, std::size_t alignment, std::size_t size) noexcept
 }
 void* realloc(void* pointer, std::size_t size) noexcept {
   const std::size_t before = pointer != nullptr ? malloc_usable_size(pointer) : 0;
+  if (size > before && over_cap(size - before)) return refused();
   void* moved = __libc_realloc(pointer, size);
   if (moved != nullptr || size == 0) {  // the old block is gone
     note_freed(before);

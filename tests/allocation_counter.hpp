@@ -12,4 +12,16 @@ unsigned long long allocation_count() noexcept;
 unsigned long long heap_live_bytes() noexcept;
 unsigned long long heap_peak_bytes() noexcept;
 void reset_heap_peak() noexcept;
+
+// A cap on heap_live_bytes(), as if the machine had only that much memory:
+// an allocation that would take the live bytes above it fails the way an
+// exhausted system's does (malloc returns null with errno ENOMEM, operator
+// new throws std::bad_alloc, c10's allocator throws "not enough memory"),
+// wherever it is made: loom, LibTorch, Gloo, the C++ library. 0 lifts it.
+// Enforced only in the usual build (under a sanitizer the runtime owns
+// malloc): heap_cap_enforced() says which.
+void set_heap_cap(unsigned long long bytes) noexcept;
+bool heap_cap_enforced() noexcept;
+// Allocations refused by the cap since the program started.
+unsigned long long heap_cap_refusals() noexcept;
 }  // namespace loom_test

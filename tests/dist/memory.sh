@@ -1,0 +1,58 @@
+#!/bin/sh
+# Memory caps the tests enforce (memory_worker.cpp): FULL_SHARD on 4 and 8
+# ranks and deepspeed_stage_3 on 4 build and train the 16 x Linear(1024, 1024)
+# MLP with each phase under a heap cap from its formula, and equal
+# single_device; each phase's negative control (the model built outside
+# init_module(true); parameters kept whole through the step) hits its cap on
+# one rank, and that ends every rank within seconds.
+set -eu
+# shellcheck source=tests/dist/common.sh
+. "$(dirname "$0")/common.sh"
+MEMORY_WORKER=$(realpath "$3")
+# glibc's mmap threshold, fixed: freed blocks go back to the system, so the
+# printed VmHWM follows the heap (with the default, dynamic threshold glibc
+# keeps them resident: 3x the heap's peak here). The caps count the heap
+# itself, whatever glibc keeps.
+export MALLOC_MMAP_THRESHOLD_=131072
+
+# capped STRATEGY N: every phase under its cap on every rank.
+capped() {
+  out="$WORK/capped_$1_$2"
+  status=0
+  timeout 150 "$MEMORY_WORKER" "$1" capped "$2" "$MARK" > "$out" 2>&1 || status=$?
+  if [ $status -eq 77 ]; then skip "$(cat "$out")"; return; fi
+  if [ $status -ne 0 ]; then fail "$1 on $2 ranks under the caps exited $status"; sed 's/^/    /' "$out" | tail -n 30; return; fi
+  expect_contains "$out" "memory caps ($1, capped): world_size=$2 all checks passed" \
+    "$1 on $2 ranks: build and step under their caps, equal to single_device"
+  sed -n 's/^\(phase\|law\)/  \1/p' "$out"
+}
+
+# control STRATEGY N SCENARIO: must hit the cap on its last rank, and every
+# rank must be gone within LIMIT seconds.
+control() {
+  out="$WORK/$3_$1_$2"
+  limit=30
+  started=$(date +%s%N)
+  status=0
+  timeout 150 "$MEMORY_WORKER" "$1" "$3" "$2" "$MARK" > "$out" 2>&1 || status=$?
+  took=$(elapsed_ms "$started")
+  if [ $status -eq 77 ]; then skip "$(cat "$out")"; return; fi
+  if [ $status -eq 0 ]; then fail "$1 $3 on $2 ranks passed: its cap did not bind"; sed 's/^/    /' "$out" | tail -n 20; return; fi
+  expect_contains "$out" "heap cap: refused an allocation" "$1 $3 on $2 ranks hits its cap (exit $status)"
+  if [ "$took" -le $((limit * 1000)) ]; then
+    pass "$1 $3: every rank ended ${took} ms after the start, within ${limit} s"
+  else
+    fail "$1 $3: the ranks took ${took} ms to end (limit ${limit} s)"
+  fi
+  grep -m 3 "heap cap\|memory_worker rank" "$out" | sed 's/^/  /' || true
+}
+
+capped fsdp 4
+control fsdp 4 control_build
+control fsdp 4 control_step
+capped zero3 4
+control zero3 4 control_build
+control zero3 4 control_step
+capped fsdp 8
+expect_no_leftovers "memory"
+finish

@@ -1,0 +1,287 @@
+// Memory caps the tests enforce (tests/dist/memory.sh): a model of 16 hidden
+// Linear(1024, 1024) units (Ψ = 16,793,600 parameters; fp32 Adam state 16Ψ =
+// 269 MB) built and trained on N ranks, each phase under a cap on the
+// process's heap (tests/allocation_counter.cpp: malloc, calloc, realloc, the
+// aligned allocators and operator new, so LibTorch's, Gloo's and the C++
+// library's bytes count too) computed from the phase's formula plus a stated
+// margin, as if each rank had only that much memory:
+//   build + setup  4Ψ/N + the largest unit              (init_module(true))
+//   step           16Ψ/N + 2 gathered units + 2 units' gradient buffers
+//                  (each its full gradient and, where Gloo's reduce-scatter
+//                  is emulated (N > 2), the chunks it receives: 1 unit)
+//                  + autograd's weight gradient before it is added (1 unit)
+//                  + activations (4 tensors of b x 1024 floats per layer)
+// The margin, 6 MiB, covers what no formula names (module objects, Gloo's
+// buffers for a message that arrives before its receive is posted (up to
+// 2 MiB seen at N = 8), the optimizer's temporaries of one shard, the
+// allocator's rounding) and is far below what each phase's
+// negative control adds, so every cap can fail:
+//   control_build  the same model built outside init_module(true): whole on
+//                  every rank (4Ψ, 67 MB) before setup shards it;
+//   control_step   parameters kept whole through the step (SHARD_GRAD_OP;
+//                  deepspeed_stage_2 for ZeRO-3), built without a cap.
+// A control caps its last rank only: that rank's refusal must end every
+// rank within seconds (the collectives' timeout here is 5 s; 30 s in
+// the real runs), not leave
+// the others waiting for it.
+// After the phases the cap is lifted and the trained parameters, gathered,
+// equal one process's (single_device, batch B) within the laws' tolerance.
+//
+// `uncapped` measures the same phases without caps (docs/fsdp.md's table).
+//
+//   memory_worker fsdp|zero3 capped|uncapped|control_build|control_step N MARK
+#include "../allocation_counter.hpp"
+#include "strategy_laws.hpp"
+
+#include <loom/util/counting_allocator.hpp>
+#include <loom/util/rss_peak.hpp>
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr std::int64_t width = 1024;
+constexpr int hidden_units = 16;
+constexpr std::int64_t unit_numel = width * width + width;
+constexpr std::int64_t psi = hidden_units * unit_numel;  // 16,793,600
+constexpr std::int64_t unit_bytes = 4 * unit_numel;
+constexpr std::int64_t global_rows = 16;
+constexpr int steps = 2;  // Adam's state exists from the first
+constexpr std::int64_t margin_bytes = 6 << 20;
+// A control's refused rank ends the others through this; the real runs
+// allow more, for 8 ranks on 2 shared cores.
+constexpr auto control_timeout = std::chrono::seconds(5);
+constexpr auto capped_timeout = std::chrono::seconds(30);
+
+struct MlpImpl : torch::nn::Module {
+  MlpImpl() {
+    for (int i = 0; i < hidden_units; ++i) {
+      layers.push_back(register_module("h" + std::to_string(i), loom::unit<torch::nn::Linear>(width, width)));
+    }
+  }
+  at::Tensor forward(at::Tensor x) {
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      x = layers[i](x);
+      if (i + 1 < layers.size()) x = torch::relu(x);
+    }
+    return x;
+  }
+  std::vector<loom::unit<torch::nn::Linear>> layers;
+};
+TORCH_MODULE(Mlp);
+
+Mlp make_mlp() {
+  at::manual_seed(7);
+  return Mlp();
+}
+at::Tensor inputs(int step) { return at::randn({global_rows, width}, at::detail::createCPUGenerator(100 + step)); }
+at::Tensor targets(int step) {
+  return at::randint(0, width, {global_rows}, at::detail::createCPUGenerator(200 + step));
+}
+
+double mib(std::int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
+// The phase running now and its cap, for the message of a refusal.
+struct phase_state {
+  std::string name = "start";
+  std::int64_t cap = 0;  // bytes above the base; 0: none
+};
+phase_state current;
+
+// One phase's peaks above the base (the live bytes before the model was
+// built): the heap (malloc level), the tensors (c10's CPU allocator, which
+// says which of the heap's bytes are tensors) and the resident set (VmHWM;
+// glibc keeps freed blocks resident unless MALLOC_MMAP_THRESHOLD_ fixes its
+// mmap threshold, as memory.sh does: then it follows the heap).
+struct phase_peaks {
+  std::int64_t heap = 0, tensors = 0, rss = 0;
+  std::int64_t held = 0;  // the heap's live bytes when the phase ended
+};
+
+class meter {
+ public:
+  explicit meter(loom::counting_allocator& tensors) : tensors_(tensors) {}
+  // Starts PHASE; capped: its cap is base + formula + margin.
+  void begin(const std::string& phase, std::int64_t formula, bool capped) {
+    current = {phase, capped ? formula + margin_bytes : 0};
+    loom_test::reset_heap_peak();
+    tensors_.reset_peak();
+    loom::reset_rss_peak();
+    loom_test::set_heap_cap(capped ? static_cast<unsigned long long>(base_ + formula + margin_bytes) : 0);
+  }
+  phase_peaks end() {
+    loom_test::set_heap_cap(0);
+    return {static_cast<std::int64_t>(loom_test::heap_peak_bytes()) - base_, tensors_.peak() - tensor_base_,
+            loom::rss_peak_bytes() - rss_base_, static_cast<std::int64_t>(loom_test::heap_live_bytes()) - base_};
+  }
+  void set_base() {
+    base_ = static_cast<std::int64_t>(loom_test::heap_live_bytes());
+    tensor_base_ = tensors_.live();
+    loom::reset_rss_peak();  // VmHWM is now the resident set
+    rss_base_ = loom::rss_peak_bytes();
+  }
+
+ private:
+  loom::counting_allocator& tensors_;
+  std::int64_t base_ = 0, tensor_base_ = 0, rss_base_ = 0;
+};
+
+// Rank 0 prints a phase's peaks, the largest over the ranks.
+template <class F>
+void report(F& fabric, const std::string& phase, const phase_peaks& mine, std::int64_t formula, bool capped) {
+  auto peaks = at::tensor({static_cast<double>(mine.heap), static_cast<double>(mine.tensors),
+                           static_cast<double>(mine.rss), static_cast<double>(mine.held)}, at::kDouble);
+  peaks = fabric.all_reduce(peaks, loom::reduce_op::max);
+  if (fabric.global_rank() != 0) return;
+  auto at_mib = [&](int k) { return peaks[k].template item<double>() / (1 << 20); };
+  std::printf("phase %-6s heap peak %8.2f MiB (tensors %8.2f MiB, VmHWM +%8.2f MiB), held after %8.2f MiB; "
+              "formula %8.2f MiB, cap %s\n",
+              phase.c_str(), at_mib(0), at_mib(1), at_mib(2), at_mib(3), mib(formula),
+              capped ? (std::to_string(mib(formula + margin_bytes)).substr(0, 6) + " MiB").c_str() : "none");
+  std::fflush(stdout);
+}
+
+// One small step of the same operations in one process, before any phase:
+// the code pages LibTorch touches the first time count in VmHWM, which is
+// then closer to the data the phases allocate.
+void warm_up() {
+  torch::nn::Linear layer(64, 64);
+  torch::optim::Adam adam(layer->parameters(), torch::optim::AdamOptions(1e-3));
+  for (int step = 0; step < 2; ++step) {
+    adam.zero_grad();
+    torch::nn::functional::cross_entropy(layer(torch::relu(at::randn({4, 64}))), at::randint(0, 64, {4})).backward();
+    adam.step();
+  }
+}
+
+// The phases under Fabric F; build_capped/step_capped say where this rank's
+// caps apply, empty_init how the model is built.
+template <class F>
+void run_phases(F& fabric, loom::counting_allocator& tensors, bool empty_init, bool build_capped, bool step_capped) {
+  const int n = fabric.world_size();
+  const int r = fabric.global_rank();
+  const std::int64_t rows = global_rows / n;
+  const std::int64_t build_formula = 4 * psi / n + unit_bytes;
+  const std::int64_t activations = 4 * hidden_units * rows * width * 4;
+  // Two units in flight in backward (this one, and the one before whose
+  // reduction is still on the wire), each with its full gradient and, where
+  // Gloo's reduce-scatter is emulated (N > 2), the chunks it receives;
+  // autograd's weight gradient before it is added into the buffer.
+  const std::int64_t receive_bytes = n > 2 ? unit_bytes : 0;
+  const std::int64_t step_formula =
+      16 * psi / n + 2 * unit_bytes + 2 * (unit_bytes + receive_bytes) + unit_bytes + activations;
+  meter measure(tensors);
+  warm_up();
+  fabric.barrier();
+  measure.set_base();
+
+  measure.begin("build", build_formula, build_capped);
+  Mlp net = [&] {
+    auto guard = fabric.init_module(empty_init);
+    return make_mlp();
+  }();
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-3));
+  auto [model, optimizer] = fabric.setup(net, adam);
+  const phase_peaks built = measure.end();
+  report(fabric, "build", built, build_formula, build_capped);
+
+  measure.begin("step", step_formula, step_capped);
+  for (int step = 0; step < steps; ++step) {
+    optimizer.zero_grad();
+    const auto loss = torch::nn::functional::cross_entropy(model(inputs(step).narrow(0, r * rows, rows)),
+                                                           targets(step).narrow(0, r * rows, rows));
+    fabric.backward(loss);
+    optimizer.step();
+  }
+  const phase_peaks stepped = measure.end();
+  report(fabric, "step", stepped, step_formula, step_capped);
+
+  // Uncapped: the gathered parameters against one process with batch B.
+  current = {"check", 0};
+  const auto trained = laws::flat(laws::full_parameters(fabric, model, net));
+  if (r == 0) {
+    auto reference = make_mlp();
+    torch::optim::Adam reference_adam(reference->parameters(), torch::optim::AdamOptions(1e-3));
+    for (int step = 0; step < steps; ++step) {
+      reference_adam.zero_grad();
+      torch::nn::functional::cross_entropy(reference->forward(inputs(step)), targets(step)).backward();
+      reference_adam.step();
+    }
+    const auto single = laws::flat_of(reference);
+    const laws::tolerance allowed;
+    const double difference = (trained - single).abs().max().template item<double>();
+    LAW_EXPECT(torch::allclose(trained, single, allowed.rtol, allowed.atol),
+               "after the capped phases the parameters differ from single_device's by %.3g", difference);
+    std::printf("law (capped training) equals single_device: max |difference| %.3g after %d Adam steps (rtol %g, "
+                "atol %g)\n",
+                difference, steps, allowed.rtol, allowed.atol);
+    std::fflush(stdout);
+  }
+  fabric.barrier();
+}
+
+template <class Strategy>
+loom::Fabric<loom::cpu, Strategy, loom::fp32> make_fabric(Strategy strategy) {
+  return loom::Fabric<loom::cpu, Strategy, loom::fp32>({}, std::move(strategy));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto& tensors = loom::install_counting_allocator();
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: memory_worker fsdp|zero3 capped|uncapped|control_build|control_step N [MARK]\n");
+    return 2;
+  }
+  const std::string which = argv[1];
+  const std::string scenario = argv[2];
+  if ((which != "fsdp" && which != "zero3") ||
+      (scenario != "capped" && scenario != "uncapped" && scenario != "control_build" && scenario != "control_step")) {
+    std::fprintf(stderr, "memory_worker: unknown strategy '%s' or scenario '%s'\n", which.c_str(), scenario.c_str());
+    return 2;
+  }
+  if (!loom_test::heap_cap_enforced()) {
+    std::printf("memory_worker: the heap cap is not enforced under a sanitizer (its runtime owns malloc)\n");
+    return 77;
+  }
+  try {
+    loom::Fabric<loom::cpu, loom::fsdp, loom::fp32> launcher({.devices = loom::devices_spec(std::atoi(argv[3]))});
+    launcher.launch();
+    laws::rank_for_messages = launcher.global_rank();
+    const bool last = launcher.global_rank() == launcher.world_size() - 1;
+    // Controls cap one rank; the real runs every rank.
+    const bool build_capped = scenario == "capped" || (scenario == "control_build" && last);
+    const bool step_capped = scenario == "capped" || (scenario == "control_step" && last);
+    const bool whole_parameters = scenario == "control_step";
+    const auto timeout =
+        std::chrono::duration_cast<std::chrono::milliseconds>(scenario == "capped" ? capped_timeout : control_timeout);
+    if (which == "fsdp") {
+      auto fabric = make_fabric(loom::fsdp(loom::fsdp_options{
+          .strategy = whole_parameters ? loom::sharding_strategy::shard_grad_op : loom::sharding_strategy::full_shard,
+          .collective_timeout = timeout}));
+      run_phases(fabric, tensors, scenario != "control_build", build_capped, step_capped);
+    } else if (whole_parameters) {
+      auto fabric = make_fabric(loom::deepspeed_stage_2(loom::deepspeed_options{.collective_timeout = timeout}));
+      run_phases(fabric, tensors, true, build_capped, step_capped);
+    } else {
+      auto fabric = make_fabric(loom::deepspeed_stage_3(loom::deepspeed_options{.collective_timeout = timeout}));
+      run_phases(fabric, tensors, scenario != "control_build", build_capped, step_capped);
+    }
+    const bool everyone = launcher.reduce_boolean_decision(laws::failures == 0, /*all=*/true);
+    if (launcher.is_global_zero()) {
+      std::printf("memory caps (%s, %s): world_size=%d %s\n", which.c_str(), scenario.c_str(), launcher.world_size(),
+                  everyone ? "all checks passed" : "FAILED");
+    }
+    return laws::failures == 0 ? 0 : 1;
+  } catch (const std::exception& error) {
+    const std::int64_t cap = current.cap;
+    loom_test::set_heap_cap(0);
+    std::fprintf(stderr, "memory_worker rank %d: %s phase (cap %.2f MiB above the base%s): %s\n",
+                 laws::rank_for_messages, current.name.c_str(), mib(cap),
+                 loom_test::heap_cap_refusals() > 0 ? ", refused by the cap" : "", error.what());
+    return 3;
+  }
+}
