@@ -8,6 +8,9 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -18,14 +21,33 @@ inline constexpr const char* metadata_key = "__loom__";
 
 std::vector<char> read_file(const std::string& path);
 c10::IValue metadata_value(const checkpoint_metadata& metadata);
-// state serialised (with filter), as save_checkpoint writes it; path names
-// the checkpoint in errors.
-std::vector<char> serialize_checkpoint(const std::string& path, const state& state, const state_filter& filter,
-                                       const checkpoint_metadata& metadata);
+// The entries of a checkpoint file for state (with filter), as
+// save_checkpoint writes them (write_torch_archive); path names the
+// checkpoint in errors. The tensors are the state's own, not copies.
+c10::impl::GenericDict checkpoint_entries(const std::string& path, const state& state, const state_filter& filter,
+                                          const checkpoint_metadata& metadata);
 // The same, naming optimizer state by the parameter names of names_from's
 // modules (a file holding optimizers without their modules).
-std::vector<char> serialize_checkpoint(const std::string& path, const state& state, const state_filter& filter,
-                                       const checkpoint_metadata& metadata, const loom::state& names_from);
+c10::impl::GenericDict checkpoint_entries(const std::string& path, const state& state, const state_filter& filter,
+                                          const checkpoint_metadata& metadata, const loom::state& names_from);
+
+// Bytes as they are produced (each call appends), and what produces one
+// file's bytes into a sink, once.
+using byte_sink = std::function<void(const char* data, std::size_t size)>;
+using file_producer = std::function<void(const byte_sink&)>;
+struct written_file {
+  std::int64_t bytes = 0;
+  std::uint32_t crc32 = 0;
+};
+// write_file_atomically's streaming form: the producer's bytes go to the
+// temporary file as they come (no buffer of the file's size), then fsync and
+// rename as for a buffer. A failed write, or the producer's exception,
+// removes the temporary file and leaves path as it was. Returns the file's
+// size and CRC32, taken while writing.
+written_file write_file_atomically(const std::string& path, const file_producer& produce);
+// A checkpoint file's entries (metadata included) written atomically to
+// path as the archive is serialised: no buffer of the file's size.
+written_file write_entries(const std::string& path, const c10::impl::GenericDict& entries);
 // Bytes read from path, verified and parsed.
 checkpoint_contents parse_checkpoint(const std::vector<char>& bytes, const std::string& path);
 

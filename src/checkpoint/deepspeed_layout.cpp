@@ -105,8 +105,7 @@ void save_deepspeed_checkpoint(const std::string& path, const state& state, cons
   mine.world_size = world;
   mine.shards = layout.shards;
   auto write = [&](const std::string& name, const loom::state& part) {
-    return detail::write_listed(staged, name,
-                                detail::serialize_checkpoint(path, part, filter_for(part, layout), mine, state));
+    return detail::write_listed(staged, name, detail::checkpoint_entries(path, part, filter_for(part, layout), mine, state));
   };
   // Every file but rank 0's model states: the optim file, then the model
   // file (stage 3; none elsewhere).
@@ -123,11 +122,9 @@ void save_deepspeed_checkpoint(const std::string& path, const state& state, cons
     checkpoint_metadata described = mine;
     if (!layout.module_sharded) described.shards.clear();  // the module is whole in this file
     const loom::state modules = subset(state, layout, /*optimizers=*/false);
-    std::vector<char> bytes = detail::serialize_checkpoint(path, modules, filter_for(modules, layout), described);
-    checkpoint_contents contents = detail::parse_checkpoint(bytes, path);
-    contents.metadata = described;
-    contents.entries.insert(files_key, detail::listed_value(files));
-    write_checkpoint((staged / (layout.module_sharded ? model_file(0) : whole_model_file)).string(), contents);
+    auto entries = detail::checkpoint_entries(path, modules, filter_for(modules, layout), described);
+    entries.insert(files_key, detail::listed_value(files));
+    detail::write_entries((staged / (layout.module_sharded ? model_file(0) : whole_model_file)).string(), entries);
   };
   if (layout.module_sharded) write_index();
   else with_full_module(write_index);

@@ -16,9 +16,10 @@ inline std::uint64_t little_endian(const char* data, int bytes) {
   return value;
 }
 
-// zlib's crc32 takes 32-bit lengths: the buffer goes in chunks.
-inline std::uint32_t crc32_of(const char* data, std::size_t size) {
-  uLong crc = crc32(0L, Z_NULL, 0);
+// zlib's crc32 takes 32-bit lengths: the buffer goes in chunks. crc32_update
+// continues a CRC over the next bytes (a file written as it is produced).
+inline std::uint32_t crc32_update(std::uint32_t running, const char* data, std::size_t size) {
+  uLong crc = running;
   while (size > 0) {
     const auto chunk = static_cast<uInt>(std::min<std::size_t>(size, 1U << 30));
     crc = crc32(crc, reinterpret_cast<const Bytef*>(data), chunk);
@@ -26,6 +27,9 @@ inline std::uint32_t crc32_of(const char* data, std::size_t size) {
     size -= chunk;
   }
   return static_cast<std::uint32_t>(crc);
+}
+inline std::uint32_t crc32_of(const char* data, std::size_t size) {
+  return crc32_update(static_cast<std::uint32_t>(crc32(0L, Z_NULL, 0)), data, size);
 }
 
 // Whether bytes match the CRC32 a file recorded for them. The fuzzing build

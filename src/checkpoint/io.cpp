@@ -25,6 +25,7 @@
 #include <iostream>
 #include <span>
 #include <sstream>
+#include <system_error>
 
 namespace loom {
 namespace fs = std::filesystem;
@@ -100,7 +101,8 @@ detail::parameter_names names_of(const state& state) {
 
 }  // namespace
 
-void write_file_atomically(const std::string& path, const std::vector<char>& bytes) {
+namespace detail {
+written_file write_file_atomically(const std::string& path, const file_producer& produce) {
   static std::atomic<unsigned> counter{0};
   const fs::path target = fs::absolute(path);
   const fs::path directory = target.parent_path();
@@ -119,15 +121,37 @@ void write_file_atomically(const std::string& path, const std::vector<char>& byt
     ::unlink(temporary.c_str());
     fail_checkpoint(path, why + " (" + std::strerror(saved) + "); the previous file, if any, is untouched");
   };
-  std::size_t written = 0;
-  while (written < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      abandon("write failed");
+  // The bytes go to the file as they are produced; the size and CRC32 the
+  // manifests list are taken on the way.
+  written_file out;
+  std::uint32_t crc = crc32_of(nullptr, 0);
+  int write_error = 0;
+  const byte_sink sink = [&](const char* data, std::size_t size) {
+    crc = crc32_update(crc, data, size);
+    out.bytes += static_cast<std::int64_t>(size);
+    while (size > 0) {
+      const ssize_t n = ::write(fd, data, size);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        write_error = errno;
+        throw std::system_error(errno, std::generic_category(), "write");
+      }
+      data += n;
+      size -= static_cast<std::size_t>(n);
     }
-    written += static_cast<std::size_t>(n);
+  };
+  try {
+    produce(sink);
+  } catch (...) {
+    if (write_error == 0) {  // the producer's own error: the file is dropped, the error kept
+      ::close(fd);
+      ::unlink(temporary.c_str());
+      throw;
+    }
+    errno = write_error;
+    abandon("write failed");
   }
+  out.crc32 = crc;
   if (::fsync(fd) != 0) abandon("fsync failed");
   if (::close(fd) != 0) {
     ::unlink(temporary.c_str());
@@ -144,6 +168,16 @@ void write_file_atomically(const std::string& path, const std::vector<char>& byt
     ::fsync(dir_fd);
     ::close(dir_fd);
   }
+  return out;
+}
+}  // namespace detail
+
+detail::written_file detail::write_entries(const std::string& path, const c10::impl::GenericDict& entries) {
+  return write_file_atomically(path, [&](const byte_sink& sink) { write_torch_archive(entries, sink); });
+}
+
+void write_file_atomically(const std::string& path, const std::vector<char>& bytes) {
+  detail::write_file_atomically(path, [&](const detail::byte_sink& sink) { sink(bytes.data(), bytes.size()); });
 }
 
 void publish_directory(const std::string& staged, const std::string& path) {
@@ -167,12 +201,12 @@ void publish_directory(const std::string& staged, const std::string& path) {
 }
 
 namespace detail {
-std::vector<char> serialize_checkpoint(const std::string& path, const state& state, const state_filter& filter,
-                                       const checkpoint_metadata& metadata) {
-  return serialize_checkpoint(path, state, filter, metadata, state);
+c10::impl::GenericDict checkpoint_entries(const std::string& path, const state& state, const state_filter& filter,
+                                          const checkpoint_metadata& metadata) {
+  return checkpoint_entries(path, state, filter, metadata, state);
 }
-std::vector<char> serialize_checkpoint(const std::string& path, const state& state, const state_filter& filter,
-                                       const checkpoint_metadata& metadata, const loom::state& names_from) {
+c10::impl::GenericDict checkpoint_entries(const std::string& path, const state& state, const state_filter& filter,
+                                          const checkpoint_metadata& metadata, const loom::state& names_from) {
   for (const auto& [name, function] : filter) {
     const auto* entry = state.find(name);
     if (entry == nullptr) {
@@ -195,13 +229,13 @@ std::vector<char> serialize_checkpoint(const std::string& path, const state& sta
     auto it = filter.find(entry.name());
     entries.insert(entry.name(), entry.io().save(it == filter.end() ? nullptr : &it->second, names));
   }
-  return write_torch_archive(entries);
+  return entries;
 }
 }  // namespace detail
 
 void save_checkpoint(const std::string& path, const state& state, const state_filter& filter,
                      const checkpoint_metadata& metadata) {
-  write_file_atomically(path, detail::serialize_checkpoint(path, state, filter, metadata));
+  detail::write_entries(path, detail::checkpoint_entries(path, state, filter, metadata));
 }
 
 void write_checkpoint(const std::string& path, const checkpoint_contents& contents) {
@@ -210,7 +244,7 @@ void write_checkpoint(const std::string& path, const checkpoint_contents& conten
   for (const auto& item : contents.entries) {
     if (item.key().toStringRef() != metadata_key) entries.insert(item.key(), item.value());
   }
-  write_file_atomically(path, detail::write_torch_archive(entries));
+  detail::write_entries(path, entries);
 }
 
 namespace {

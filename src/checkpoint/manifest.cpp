@@ -35,9 +35,9 @@ std::string agree_on_staging(const std::string& path, std::string answer, comm::
   return answer;
 }
 
-listed_file write_listed(const fs::path& staged, const std::string& name, const std::vector<char>& bytes) {
-  write_file_atomically((staged / name).string(), bytes);
-  return {name, static_cast<std::int64_t>(bytes.size()), static_cast<std::int64_t>(crc32_of(bytes.data(), bytes.size()))};
+listed_file write_listed(const fs::path& staged, const std::string& name, const c10::impl::GenericDict& entries) {
+  const written_file written = write_entries((staged / name).string(), entries);
+  return {name, written.bytes, static_cast<std::int64_t>(written.crc32)};
 }
 
 std::vector<listed_file> gather_listed(comm::process_group& group, const std::vector<listed_file>& mine,

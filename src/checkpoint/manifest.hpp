@@ -42,8 +42,10 @@ struct listed_file {
   std::int64_t crc32 = 0;
 };
 
-// bytes written atomically to staged/name, and its record.
-listed_file write_listed(const std::filesystem::path& staged, const std::string& name, const std::vector<char>& bytes);
+// A checkpoint file of entries written atomically to staged/name as it is
+// serialised (write_entries), and its record.
+listed_file write_listed(const std::filesystem::path& staged, const std::string& name,
+                         const c10::impl::GenericDict& entries);
 
 // Every rank's records, rank by rank, slot by slot (each rank passes the same
 // number of slots; empty slots are left out): what the index lists.

@@ -231,8 +231,8 @@ void save_sharded_checkpoint(const std::string& path, const state& state, const 
   mine.global_rank = rank;
   mine.world_size = world;
   mine.shards = layout;
-  const detail::listed_file written = detail::write_listed(
-      staged, rank_file(rank, world), detail::serialize_checkpoint(path, state, {}, mine));
+  const detail::listed_file written =
+      detail::write_listed(staged, rank_file(rank, world), detail::checkpoint_entries(path, state, {}, mine));
   const auto files = detail::gather_listed(group, {written}, [&](int r, std::size_t) { return rank_file(r, world); });
   if (rank == 0) {
     c10::impl::GenericDict entries(c10::StringType::get(), c10::AnyType::get());
@@ -251,7 +251,7 @@ void save_sharded_checkpoint(const std::string& path, const state& state, const 
         entries.insert(entry.name(), entry.io().save(nullptr, no_names));
       }
     }
-    write_file_atomically((staged / meta_file).string(), detail::write_torch_archive(entries));
+    detail::write_entries((staged / meta_file).string(), entries);
     publish_directory(staged.string(), path);
   }
   if (group.valid()) group.barrier();

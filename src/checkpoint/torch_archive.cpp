@@ -20,6 +20,7 @@
 #include <cctype>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <span>
@@ -80,7 +81,7 @@ bool is_libtorch_archive(const std::vector<char>& bytes) {
   return reader.hasRecord("constants.pkl");
 }
 
-std::vector<char> write_torch_archive(const c10::IValue& root) {
+void write_torch_archive(const c10::IValue& root, const std::function<void(const char*, std::size_t)>& sink) {
   std::vector<char> pickle;
   torch::jit::Pickler pickler([&pickle](const char* data, size_t size) { pickle.insert(pickle.end(), data, data + size); },
                               /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
@@ -89,10 +90,18 @@ std::vector<char> write_torch_archive(const c10::IValue& root) {
   pickler.pushIValue(generic(root));
   pickler.stop();
 
-  std::vector<char> archive;
-  caffe2::serialize::PyTorchStreamWriter writer([&archive](const void* data, size_t size) {
-    const auto* first = static_cast<const char*>(data);
-    archive.insert(archive.end(), first, first + size);
+  // No exception may cross the zip writer (C code, whose destructor writes
+  // the end of the archive too): the sink's first error is kept, the rest
+  // of the bytes dropped, and the error thrown once the writer is done.
+  std::exception_ptr failure;
+  caffe2::serialize::PyTorchStreamWriter writer([&sink, &failure](const void* data, size_t size) {
+    if (!failure) {
+      try {
+        sink(static_cast<const char*>(data), size);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
     return size;
   });
   writer.writeRecord("data.pkl", pickle.data(), pickle.size());
@@ -105,6 +114,12 @@ std::vector<char> write_torch_archive(const c10::IValue& root) {
     writer.writeRecord("data/" + std::to_string(i), data.data(), data.sizeInBytes());
   }
   writer.writeEndOfFile();
+  if (failure) std::rethrow_exception(failure);
+}
+
+std::vector<char> write_torch_archive(const c10::IValue& root) {
+  std::vector<char> archive;
+  write_torch_archive(root, [&archive](const char* data, std::size_t size) { archive.insert(archive.end(), data, data + size); });
   return archive;
 }
 

@@ -6,6 +6,8 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <cstddef>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -21,6 +23,10 @@ bool is_libtorch_archive(const std::vector<char>& bytes);
 
 // root pickled without TorchScript's type tags and with every list generic,
 // so only globals torch.load's weights_only unpickler allows appear.
+// The archive goes to sink record by record: the pickle is built in memory
+// (its size is the structure's, not the tensors'), each tensor's bytes are
+// written from its storage.
+void write_torch_archive(const c10::IValue& root, const std::function<void(const char*, std::size_t)>& sink);
 std::vector<char> write_torch_archive(const c10::IValue& root);
 
 // loom's walk of the zip: every entry's bounds, no overlaps, names matching

@@ -1,6 +1,6 @@
 // Memory caps the tests enforce (tests/dist/memory.sh): a model of 16 hidden
 // Linear(1024, 1024) units (Ψ = 16,793,600 parameters; fp32 Adam state 16Ψ =
-// 269 MB) built and trained on N ranks, each phase under a cap on the
+// 269 MB) built, trained and saved on N ranks, each phase under a cap on the
 // process's heap (tests/allocation_counter.cpp: malloc, calloc, realloc, the
 // aligned allocators and operator new, so LibTorch's, Gloo's and the C++
 // library's bytes count too) computed from the phase's formula plus a stated
@@ -11,25 +11,27 @@
 //                  is emulated (N > 2), the chunks it receives: 1 unit)
 //                  + autograd's weight gradient before it is added (1 unit)
 //                  + activations (4 tensors of b x 1024 floats per layer)
+//   sharded save   16Ψ/N: the rank's state, written from its own tensors
 // The margin, 6 MiB, covers what no formula names (module objects, Gloo's
 // buffers for a message that arrives before its receive is posted (up to
-// 2 MiB seen at N = 8), the optimizer's temporaries of one shard, the
-// allocator's rounding) and is far below what each phase's
-// negative control adds, so every cap can fail:
+// 2 MiB seen at N = 8), the optimizer's temporaries of one shard, a save's
+// pickle and zip index, the allocator's rounding) and is far below what
+// each phase's negative control adds, so every cap can fail:
 //   control_build  the same model built outside init_module(true): whole on
 //                  every rank (4Ψ, 67 MB) before setup shards it;
 //   control_step   parameters kept whole through the step (SHARD_GRAD_OP;
-//                  deepspeed_stage_2 for ZeRO-3), built without a cap.
-// A control caps its last rank only: that rank's refusal must end every
-// rank within seconds (the collectives' timeout here is 5 s; 30 s in
-// the real runs), not leave
-// the others waiting for it.
+//                  deepspeed_stage_2 for ZeRO-3), built without a cap;
+//   control_save   a full save (state_dict_type full, fsdp), which gathers
+//                  the parameters and optimizer state onto rank 0.
+// A control caps one rank only: that rank's refusal must end every rank
+// within seconds (the collectives' timeout here is 5 s; 30 s in the real
+// runs), not leave the others waiting for it.
 // After the phases the cap is lifted and the trained parameters, gathered,
 // equal one process's (single_device, batch B) within the laws' tolerance.
 //
 // `uncapped` measures the same phases without caps (docs/fsdp.md's table).
 //
-//   memory_worker fsdp|zero3 capped|uncapped|control_build|control_step N MARK
+//   memory_worker fsdp|zero3 capped|uncapped|control_build|control_step|control_save N MARK
 #include "../allocation_counter.hpp"
 #include "strategy_laws.hpp"
 
@@ -38,6 +40,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -157,10 +160,16 @@ void warm_up() {
   }
 }
 
-// The phases under Fabric F; build_capped/step_capped say where this rank's
-// caps apply, empty_init how the model is built.
+// Which phases this rank runs under a cap, and how the model is built.
+struct plan {
+  bool empty_init = true;
+  bool build = false, step = false, save = false;
+  std::string checkpoint;  // where the save goes
+};
+
+// The phases under Fabric F.
 template <class F>
-void run_phases(F& fabric, loom::counting_allocator& tensors, bool empty_init, bool build_capped, bool step_capped) {
+void run_phases(F& fabric, loom::counting_allocator& tensors, const plan& capped) {
   const int n = fabric.world_size();
   const int r = fabric.global_rank();
   const std::int64_t rows = global_rows / n;
@@ -173,22 +182,25 @@ void run_phases(F& fabric, loom::counting_allocator& tensors, bool empty_init, b
   const std::int64_t receive_bytes = n > 2 ? unit_bytes : 0;
   const std::int64_t step_formula =
       16 * psi / n + 2 * unit_bytes + 2 * (unit_bytes + receive_bytes) + unit_bytes + activations;
+  // What the rank holds (parameters, gradients, Adam's two moments): the
+  // file is written from the tensors themselves, record by record.
+  const std::int64_t save_formula = 16 * psi / n;
   meter measure(tensors);
   warm_up();
   fabric.barrier();
   measure.set_base();
 
-  measure.begin("build", build_formula, build_capped);
+  measure.begin("build", build_formula, capped.build);
   Mlp net = [&] {
-    auto guard = fabric.init_module(empty_init);
+    auto guard = fabric.init_module(capped.empty_init);
     return make_mlp();
   }();
   torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-3));
   auto [model, optimizer] = fabric.setup(net, adam);
   const phase_peaks built = measure.end();
-  report(fabric, "build", built, build_formula, build_capped);
+  report(fabric, "build", built, build_formula, capped.build);
 
-  measure.begin("step", step_formula, step_capped);
+  measure.begin("step", step_formula, capped.step);
   for (int step = 0; step < steps; ++step) {
     optimizer.zero_grad();
     const auto loss = torch::nn::functional::cross_entropy(model(inputs(step).narrow(0, r * rows, rows)),
@@ -197,8 +209,12 @@ void run_phases(F& fabric, loom::counting_allocator& tensors, bool empty_init, b
     optimizer.step();
   }
   const phase_peaks stepped = measure.end();
-  report(fabric, "step", stepped, step_formula, step_capped);
+  report(fabric, "step", stepped, step_formula, capped.step);
 
+  const std::string& path = capped.checkpoint;
+  measure.begin("save", save_formula, capped.save);
+  fabric.save(path, {{"model", model}, {"optimizer", optimizer}});
+  report(fabric, "save", measure.end(), save_formula, capped.save);
   // Uncapped: the gathered parameters against one process with batch B.
   current = {"check", 0};
   const auto trained = laws::flat(laws::full_parameters(fabric, model, net));
@@ -233,13 +249,14 @@ loom::Fabric<loom::cpu, Strategy, loom::fp32> make_fabric(Strategy strategy) {
 int main(int argc, char** argv) {
   auto& tensors = loom::install_counting_allocator();
   if (argc < 4) {
-    std::fprintf(stderr, "usage: memory_worker fsdp|zero3 capped|uncapped|control_build|control_step N [MARK]\n");
+    std::fprintf(stderr, "usage: memory_worker fsdp|zero3 capped|uncapped|control_build|control_step|control_save N [MARK]\n");
     return 2;
   }
   const std::string which = argv[1];
   const std::string scenario = argv[2];
-  if ((which != "fsdp" && which != "zero3") ||
-      (scenario != "capped" && scenario != "uncapped" && scenario != "control_build" && scenario != "control_step")) {
+  const std::set<std::string> scenarios{"capped", "uncapped", "control_build", "control_step", "control_save"};
+  if ((which != "fsdp" && which != "zero3") || scenarios.count(scenario) == 0 ||
+      (which == "zero3" && scenario == "control_save")) {
     std::fprintf(stderr, "memory_worker: unknown strategy '%s' or scenario '%s'\n", which.c_str(), scenario.c_str());
     return 2;
   }
@@ -251,24 +268,30 @@ int main(int argc, char** argv) {
     loom::Fabric<loom::cpu, loom::fsdp, loom::fp32> launcher({.devices = loom::devices_spec(std::atoi(argv[3]))});
     launcher.launch();
     laws::rank_for_messages = launcher.global_rank();
+    // A control caps one rank (the last; rank 0 for the save, where rank 0
+    // gathers); the real runs cap every rank.
     const bool last = launcher.global_rank() == launcher.world_size() - 1;
-    // Controls cap one rank; the real runs every rank.
-    const bool build_capped = scenario == "capped" || (scenario == "control_build" && last);
-    const bool step_capped = scenario == "capped" || (scenario == "control_step" && last);
+    const bool all = scenario == "capped";
+    const plan capped{.empty_init = scenario != "control_build",
+                      .build = all || (scenario == "control_build" && last),
+                      .step = all || (scenario == "control_step" && last),
+                      .save = all || (scenario == "control_save" && launcher.global_rank() == 0),
+                      .checkpoint = laws::test_dir() + "/memory_" + which + "_" + scenario + "_" + argv[3]};
     const bool whole_parameters = scenario == "control_step";
     const auto timeout =
-        std::chrono::duration_cast<std::chrono::milliseconds>(scenario == "capped" ? capped_timeout : control_timeout);
+        std::chrono::duration_cast<std::chrono::milliseconds>(all ? capped_timeout : control_timeout);
     if (which == "fsdp") {
       auto fabric = make_fabric(loom::fsdp(loom::fsdp_options{
           .strategy = whole_parameters ? loom::sharding_strategy::shard_grad_op : loom::sharding_strategy::full_shard,
+          .state_dict = scenario == "control_save" ? loom::state_dict_type::full : loom::state_dict_type::sharded,
           .collective_timeout = timeout}));
-      run_phases(fabric, tensors, scenario != "control_build", build_capped, step_capped);
+      run_phases(fabric, tensors, capped);
     } else if (whole_parameters) {
       auto fabric = make_fabric(loom::deepspeed_stage_2(loom::deepspeed_options{.collective_timeout = timeout}));
-      run_phases(fabric, tensors, true, build_capped, step_capped);
+      run_phases(fabric, tensors, capped);
     } else {
       auto fabric = make_fabric(loom::deepspeed_stage_3(loom::deepspeed_options{.collective_timeout = timeout}));
-      run_phases(fabric, tensors, scenario != "control_build", build_capped, step_capped);
+      run_phases(fabric, tensors, capped);
     }
     const bool everyone = launcher.reduce_boolean_decision(laws::failures == 0, /*all=*/true);
     if (launcher.is_global_zero()) {
