@@ -23,18 +23,9 @@ int main(int argc, char** argv) {
   const std::string output =
       argc == 3 ? std::string(argv[2]) : std::filesystem::path(input).replace_extension(".consolidated").string();
   try {
-    const bool zero = loom::is_deepspeed_checkpoint(input);
-    if (!zero && !loom::is_sharded_checkpoint(input)) {
-      std::cerr << "loom-consolidate: " << input
-                << " is neither a sharded checkpoint (a directory holding meta.pt and one file per rank) nor a ZeRO "
-                   "one (DeepSpeed's layout: a directory holding 'latest')\n";
-      return 1;
-    }
-    const loom::checkpoint_contents contents =
-        zero ? loom::read_deepspeed_checkpoint(input) : loom::read_sharded_checkpoint(input);
-    loom::write_checkpoint(output, contents);
-    std::cout << "loom-consolidate: wrote " << output << " (" << contents.entries.size() << " entries, saved by "
-              << contents.metadata.world_size << " ranks under " << contents.metadata.strategy << ")\n";
+    const loom::consolidated_checkpoint written = loom::consolidate_checkpoint(input, output);
+    std::cout << "loom-consolidate: wrote " << output << " (" << written.entries << " entries, saved by "
+              << written.metadata.world_size << " ranks under " << written.metadata.strategy << ")\n";
     return 0;
   } catch (const std::exception& error) {
     std::cerr << "loom-consolidate: " << error.what() << "\n";

@@ -11,7 +11,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace loom::detail {
@@ -31,6 +34,22 @@ c10::impl::GenericDict checkpoint_entries(const std::string& path, const state& 
 c10::impl::GenericDict checkpoint_entries(const std::string& path, const state& state, const state_filter& filter,
                                           const checkpoint_metadata& metadata, const loom::state& names_from);
 
+// Tensors made whole only while their record is written (consolidate: one
+// full tensor at a time). A stand-in has the dtype, shape and storage size
+// of the tensor it stands for and no memory: what the pickle says of it is
+// what it says of the whole tensor, so the archive is byte for byte the one
+// the whole tensors would give.
+class deferred_tensors {
+ public:
+  at::Tensor stand_in(const std::vector<std::int64_t>& shape, at::ScalarType dtype, std::function<at::Tensor()> make);
+  // The tensor whose bytes the record of `stored` holds: made now if it is
+  // a stand-in, else itself.
+  at::Tensor materialize(const at::Tensor& stored) const;
+
+ private:
+  std::unordered_map<const void*, std::function<at::Tensor()>> makers_;  // by StorageImpl
+};
+
 // Bytes as they are produced (each call appends), and what produces one
 // file's bytes into a sink, once.
 using byte_sink = std::function<void(const char* data, std::size_t size)>;
@@ -47,12 +66,22 @@ struct written_file {
 written_file write_file_atomically(const std::string& path, const file_producer& produce);
 // A checkpoint file's entries (metadata included) written atomically to
 // path as the archive is serialised: no buffer of the file's size.
-written_file write_entries(const std::string& path, const c10::impl::GenericDict& entries);
+written_file write_entries(const std::string& path, const c10::impl::GenericDict& entries,
+                           const deferred_tensors* deferred = nullptr);
 // Bytes read from path, verified and parsed.
 checkpoint_contents parse_checkpoint(const std::vector<char>& bytes, const std::string& path);
+// With a backing, the tensors lie over bytes (read_torch_archive).
+checkpoint_contents parse_checkpoint(std::span<const char> bytes, const std::string& path,
+                                     std::shared_ptr<const void> backing);
 
 // Every rank's contents into one: tensors with a range in the first rank's
-// metadata.shards concatenated in range order, the rest taken from it.
-checkpoint_contents merge_shards(std::vector<checkpoint_contents>& ranks, const std::string& path);
+// metadata.shards concatenated in range order, the rest taken from it. With
+// deferred, the concatenated tensors are its stand-ins, made when written.
+checkpoint_contents merge_shards(std::vector<checkpoint_contents>& ranks, const std::string& path,
+                                 deferred_tensors* deferred = nullptr);
+// read_sharded_checkpoint and read_deepspeed_checkpoint, with the rank files
+// mapped and the merged tensors deferred (consolidate_checkpoint).
+checkpoint_contents read_sharded(const std::string& directory, deferred_tensors* deferred);
+checkpoint_contents read_deepspeed(const std::string& path, deferred_tensors* deferred);
 
 }  // namespace loom::detail

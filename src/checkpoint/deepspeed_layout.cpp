@@ -16,6 +16,9 @@
 
 
 #include <algorithm>
+#include <memory>
+#include <optional>
+#include <span>
 #include <filesystem>
 #include <fstream>
 
@@ -136,7 +139,9 @@ void save_deepspeed_checkpoint(const std::string& path, const state& state, cons
   if (group.valid()) group.barrier();
 }
 
-checkpoint_contents read_deepspeed_checkpoint(const std::string& path) {
+checkpoint_contents read_deepspeed_checkpoint(const std::string& path) { return detail::read_deepspeed(path, nullptr); }
+
+checkpoint_contents detail::read_deepspeed(const std::string& path, deferred_tensors* deferred) {
   if (!is_deepspeed_checkpoint(path)) {
     fail_checkpoint(path, "is not a DeepSpeed-layout checkpoint (a directory holding 'latest' and the tag directory "
                           "it names)");
@@ -147,17 +152,26 @@ checkpoint_contents read_deepspeed_checkpoint(const std::string& path) {
   const bool sharded_module = tag.has(model_file(0));
   const std::string index_name = sharded_module ? model_file(0) : std::string(whole_model_file);
   const fs::path index_path = directory / index_name;
-  auto index_bytes = tag.read(index_name);
-  if (!index_bytes) {
+  // Rank 0's model states (stage 3: its module slices) mapped like the
+  // files it lists when the merge is deferred.
+  std::optional<std::vector<char>> index_bytes;
+  std::optional<std::shared_ptr<const detail::mapped_file>> index_mapped;
+  if (deferred != nullptr) index_mapped = tag.map(index_name);
+  else index_bytes = tag.read(index_name);
+  if (!index_bytes && !index_mapped) {
     fail_checkpoint(directory.string(), "has neither " + std::string(whole_model_file) + " nor " + model_file(0) +
                                             " (a save that did not finish, or not loom's); nothing was changed");
   }
-  checkpoint_contents index = detail::parse_checkpoint(*index_bytes, index_path.string());
+  checkpoint_contents index =
+      index_mapped ? detail::parse_checkpoint(std::span<const char>((*index_mapped)->data, (*index_mapped)->size),
+                                              index_path.string(), *index_mapped)
+                   : detail::parse_checkpoint(*index_bytes, index_path.string());
   index_bytes.reset();
+  index_mapped.reset();
   const int world = static_cast<int>(index.metadata.world_size);
   std::vector<checkpoint_contents> optim(static_cast<std::size_t>(world));
   std::vector<checkpoint_contents> model{index};
-  for (auto& [name, contents] : detail::read_listed(tag, index, index_path)) {
+  for (auto& [name, contents] : detail::read_listed(tag, index, index_path, /*map_files=*/deferred != nullptr)) {
     const auto r = static_cast<std::size_t>(contents.metadata.global_rank);
     if (name.find("_optim_states.pt") != std::string::npos) {
       if (r >= optim.size()) fail_checkpoint((directory / name).string(), "names rank " + std::to_string(r) + " of " + std::to_string(world));
@@ -176,8 +190,8 @@ checkpoint_contents read_deepspeed_checkpoint(const std::string& path) {
   std::sort(model.begin(), model.end(), [](const checkpoint_contents& a, const checkpoint_contents& b) {
     return a.metadata.global_rank < b.metadata.global_rank;
   });
-  checkpoint_contents out = sharded_module ? detail::merge_shards(model, path) : model.front();
-  checkpoint_contents optimizers = detail::merge_shards(optim, path);
+  checkpoint_contents out = sharded_module ? detail::merge_shards(model, path, deferred) : model.front();
+  checkpoint_contents optimizers = detail::merge_shards(optim, path, deferred);
   for (const auto& item : optimizers.entries) out.entries.insert_or_assign(item.key(), item.value());
   out.metadata.shards.clear();
   out.metadata.global_rank = 0;

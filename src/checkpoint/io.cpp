@@ -5,11 +5,13 @@
 
 #include "checkpoint_bytes.hpp"
 #include "file_bytes.hpp"
+#include "structure_budget.hpp"
 #include "torch_archive.hpp"
 #include "../util/outside_files.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <c10/util/strides.h>
 #include <torch/serialize.h>
 #include <torch/serialize/input-archive.h>
 
@@ -172,8 +174,31 @@ written_file write_file_atomically(const std::string& path, const file_producer&
 }
 }  // namespace detail
 
-detail::written_file detail::write_entries(const std::string& path, const c10::impl::GenericDict& entries) {
-  return write_file_atomically(path, [&](const byte_sink& sink) { write_torch_archive(entries, sink); });
+detail::written_file detail::write_entries(const std::string& path, const c10::impl::GenericDict& entries,
+                                           const deferred_tensors* deferred) {
+  std::function<at::Tensor(const at::Tensor&)> materialize;
+  if (deferred != nullptr) materialize = [deferred](const at::Tensor& stored) { return deferred->materialize(stored); };
+  return write_file_atomically(path, [&](const byte_sink& sink) { write_torch_archive(entries, sink, materialize); });
+}
+
+at::Tensor detail::deferred_tensors::stand_in(const std::vector<std::int64_t>& shape, at::ScalarType dtype,
+                                              std::function<at::Tensor()> make) {
+  std::int64_t numel = 1;
+  for (const std::int64_t d : shape) numel *= d;
+  const auto options = at::TensorOptions().dtype(dtype);
+  // A storage of the whole tensor's size over no memory: the pickle reads
+  // its size, never its bytes, and the writer asks materialize for them.
+  c10::Storage storage(c10::Storage::use_byte_size_t(), static_cast<std::size_t>(numel) * c10::elementSize(dtype),
+                       c10::DataPtr(nullptr, c10::Device(c10::kCPU)), /*allocator=*/nullptr, /*resizable=*/false);
+  at::Tensor tensor = at::empty({0}, options);
+  tensor.set_(storage, 0, shape, c10::contiguous_strides(shape));
+  makers_.emplace(tensor.storage().unsafeGetStorageImpl(), std::move(make));
+  return tensor;
+}
+
+at::Tensor detail::deferred_tensors::materialize(const at::Tensor& stored) const {
+  const auto found = makers_.find(stored.storage().unsafeGetStorageImpl());
+  return found == makers_.end() ? stored : found->second().contiguous();
 }
 
 void write_file_atomically(const std::string& path, const std::vector<char>& bytes) {
@@ -284,11 +309,17 @@ checkpoint_contents read_checkpoint(const std::string& path) {
 }
 
 checkpoint_contents detail::parse_checkpoint(const std::vector<char>& bytes, const std::string& path) {
+  return parse_checkpoint(std::span<const char>(bytes), path, nullptr);
+}
+
+checkpoint_contents detail::parse_checkpoint(std::span<const char> bytes, const std::string& path,
+                                             std::shared_ptr<const void> backing) {
   c10::IValue root;
   if (bytes.size() >= sizeof(magic) && std::memcmp(bytes.data(), magic, sizeof(magic)) == 0) {
-    root = read_format_1(bytes, path);
+    root = read_format_1(std::vector<char>(bytes.begin(), bytes.end()), path);
   } else if (bytes.size() >= 2 && bytes[0] == 'P' && bytes[1] == 'K') {
-    root = detail::read_torch_archive(bytes, path);
+    structure_budget budget;
+    root = detail::read_torch_archive(bytes, path, budget, std::move(backing));
   } else {
     fail_checkpoint(path, bytes.size() < 22 ? "is truncated (shorter than a zip directory)"
                                  : "is not a loom checkpoint (neither a torch zip archive nor loom's earlier format)");

@@ -13,7 +13,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <memory>
 #include <optional>
+#include <span>
 
 namespace loom::detail {
 namespace fs = std::filesystem;
@@ -104,44 +106,67 @@ listed_file listed_entry(const c10::IValue& item, const std::string& index_path)
 
 std::vector<std::pair<std::string, checkpoint_contents>> read_listed(const confined_directory& directory,
                                                                      const checkpoint_contents& index,
-                                                                     const fs::path& index_path) {
+                                                                     const fs::path& index_path, bool map_files) {
   const std::string index_name = index_path.filename().string();
   auto listed = index.entries.find(files_key);
   if (listed == index.entries.end() || !listed->value().isList()) {
     fail_checkpoint(index_path.string(), "does not list the other files (not a loom multi-file checkpoint's index)");
   }
+  // A file's bytes: read onto the heap, or mapped (then its tensors lie over its pages).
+  struct file_bytes {
+    std::string path;
+    std::vector<char> read;
+    std::shared_ptr<const mapped_file> mapped;
+    std::span<const char> bytes() const {
+      return mapped ? std::span<const char>(mapped->data, mapped->size) : std::span<const char>(read);
+    }
+  };
   // Every file is checked (present, size, CRC32) before any is parsed.
-  std::vector<std::pair<std::string, std::vector<char>>> files;
+  std::vector<file_bytes> files;
   for (const auto& item : listed->value().toListRef()) {
     const listed_file file = listed_entry(item, index_path.string());
     const std::string& name = file.name;
-    const std::string file_path = directory.path_of(name);
-    auto read = directory.read(name);
-    if (!read) {
+    file_bytes found{directory.path_of(name), {}, nullptr};
+    bool present = false;
+    if (map_files) {
+      auto mapped = directory.map(name);
+      present = mapped.has_value();
+      if (present) found.mapped = std::move(*mapped);
+    } else {
+      auto read = directory.read(name);
+      present = read.has_value();
+      if (present) found.read = std::move(*read);
+    }
+    if (!present) {
       fail_checkpoint(directory.path(), "is missing " + name + ", which " + index_name + " lists (a job of " +
                                             std::to_string(index.metadata.world_size) +
                                             " ranks wrote it); nothing was changed");
     }
-    std::vector<char> bytes = std::move(*read);
+    const std::span<const char> bytes = found.bytes();
     if (static_cast<std::int64_t>(bytes.size()) != file.bytes) {
-      fail_checkpoint(file_path, "has " + std::to_string(bytes.size()) + " bytes, " + index_name + " says " +
-                                     std::to_string(file.bytes) + " (torn or replaced); nothing was changed");
+      fail_checkpoint(found.path, "has " + std::to_string(bytes.size()) + " bytes, " + index_name + " says " +
+                                      std::to_string(file.bytes) + " (torn or replaced); nothing was changed");
     }
     if (!crc_matches(bytes.data(), bytes.size(), static_cast<std::uint32_t>(file.crc32))) {
-      fail_checkpoint(file_path, "does not match the CRC32 " + index_name + " recorded (corrupted); nothing was changed");
+      fail_checkpoint(found.path, "does not match the CRC32 " + index_name + " recorded (corrupted); nothing was changed");
     }
-    files.emplace_back(file_path, std::move(bytes));
+    // Checked: its pages leave the resident set until a record is read.
+    if (found.mapped) drop_mapped_pages(found.mapped->data, found.mapped->size);
+    files.push_back(std::move(found));
   }
   std::vector<std::pair<std::string, checkpoint_contents>> out;
-  for (auto& [file_path, bytes] : files) {
-    checkpoint_contents contents = parse_checkpoint(bytes, file_path);
-    std::vector<char>().swap(bytes);
+  for (auto& file : files) {
+    checkpoint_contents contents = parse_checkpoint(file.bytes(), file.path, file.mapped);
+    // The parse checked every record's CRC32: its pages go back too.
+    if (file.mapped) drop_mapped_pages(file.mapped->data, file.mapped->size);
+    std::vector<char>().swap(file.read);
+    file.mapped.reset();  // the tensors hold it
     if (contents.metadata.world_size != index.metadata.world_size) {
-      fail_checkpoint(file_path, "was written by a job of " + std::to_string(contents.metadata.world_size) +
+      fail_checkpoint(file.path, "was written by a job of " + std::to_string(contents.metadata.world_size) +
                                      " ranks, " + index_name + " by one of " + std::to_string(index.metadata.world_size) +
                                      " (files of two saves mixed)");
     }
-    out.emplace_back(fs::path(file_path).filename().string(), std::move(contents));
+    out.emplace_back(fs::path(file.path).filename().string(), std::move(contents));
   }
   return out;
 }

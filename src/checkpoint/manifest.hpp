@@ -60,8 +60,11 @@ c10::IValue listed_value(const std::vector<listed_file>& files);
 // (a regular file of the directory itself, its size, its CRC32) before any
 // is parsed, then parsed; each must have been written by a job of the
 // index's world size. Pairs of (file name, contents), in listed order.
+// map_files: the files are mapped, not read, and their tensors lie over
+// their pages (nothing of them on the heap; consolidate).
 std::vector<std::pair<std::string, checkpoint_contents>> read_listed(const confined_directory& directory,
                                                                      const checkpoint_contents& index,
-                                                                     const std::filesystem::path& index_path);
+                                                                     const std::filesystem::path& index_path,
+                                                                     bool map_files = false);
 
 }  // namespace loom::detail

@@ -17,6 +17,7 @@
 #include "file_bytes.hpp"
 #include "manifest.hpp"
 #include "torch_archive.hpp"
+#include "../util/outside_files.hpp"
 
 #include <ATen/ATen.h>
 
@@ -108,7 +109,8 @@ bool is_optimizer_dict(const c10::IValue& value) {
 
 // The full contents from every rank's: sharded tensors concatenated, the
 // rest taken from rank 0's file.
-checkpoint_contents detail::merge_shards(std::vector<checkpoint_contents>& ranks, const std::string& path) {
+checkpoint_contents detail::merge_shards(std::vector<checkpoint_contents>& ranks, const std::string& path,
+                                         deferred_tensors* deferred) {
   checkpoint_contents out;
   out.metadata = ranks.front().metadata;
   out.metadata.shards.clear();
@@ -133,7 +135,21 @@ checkpoint_contents detail::merge_shards(std::vector<checkpoint_contents>& ranks
       }
       pieces.push_back({found->second.begin, found->second.end, value.toTensor(), found->second.part});
     }
-    return assemble(std::move(pieces), layout.at(name), what, path);
+    const shard_range& range = layout.at(name);
+    if (deferred != nullptr) {
+      const at::ScalarType dtype = pieces.front().values.scalar_type();
+      return deferred->stand_in(range.shape, dtype, [pieces = std::move(pieces), range, what, path]() {
+        at::Tensor whole = assemble(pieces, range, what, path);
+        // Read once: the pieces' pages of the mapped rank files go back.
+        for (const auto& p : pieces) {
+          if (detail::lies_over_backing(p.values)) {
+            detail::drop_mapped_pages(p.values.data_ptr(), static_cast<std::size_t>(p.values.nbytes()));
+          }
+        }
+        return whole;
+      });
+    }
+    return assemble(std::move(pieces), range, what, path);
   };
   auto entry_of = [](const checkpoint_contents& rank, const std::string& entry) {
     auto found = rank.entries.find(entry);
@@ -258,6 +274,10 @@ void save_sharded_checkpoint(const std::string& path, const state& state, const 
 }
 
 checkpoint_contents read_sharded_checkpoint(const std::string& directory) {
+  return detail::read_sharded(directory, nullptr);
+}
+
+checkpoint_contents detail::read_sharded(const std::string& directory, deferred_tensors* deferred) {
   const detail::confined_directory root(directory, &fail_checkpoint);
   const fs::path meta_path = root.path_of(meta_file);
   auto meta_bytes = root.read(meta_file);
@@ -268,9 +288,11 @@ checkpoint_contents read_sharded_checkpoint(const std::string& directory) {
   const checkpoint_contents meta = detail::parse_checkpoint(*meta_bytes, meta_path.string());
   meta_bytes.reset();
   std::vector<checkpoint_contents> ranks;
-  for (auto& [name, contents] : detail::read_listed(root, meta, meta_path)) ranks.push_back(std::move(contents));
+  for (auto& [name, contents] : detail::read_listed(root, meta, meta_path, /*map_files=*/deferred != nullptr)) {
+    ranks.push_back(std::move(contents));
+  }
   if (ranks.empty()) fail_checkpoint(meta_path.string(), "lists no rank files");
-  checkpoint_contents merged = detail::merge_shards(ranks, directory);
+  checkpoint_contents merged = detail::merge_shards(ranks, directory, deferred);
   merged.metadata.optimizer_types = meta.metadata.optimizer_types;
   return merged;
 }

@@ -26,6 +26,14 @@ std::string view_text(const at::Tensor& tensor) {
 
 }  // namespace
 
+bool record_deleted_by(const at::Tensor& tensor, at::DeleterFnPtr deleter) {
+  if (!tensor.defined() || !tensor.has_storage()) return false;
+  const at::DataPtr& outer = tensor.storage().data_ptr();
+  if (outer.get_deleter() != &release_shared) return false;
+  const auto* held = static_cast<const std::shared_ptr<at::DataPtr>*>(outer.get_context());
+  return *held && (*held)->get_deleter() == deleter;
+}
+
 at::DataPtr tensor_records::operator()(const std::string& name) {
   auto& held = by_name_[name];
   if (!held.buffer) {

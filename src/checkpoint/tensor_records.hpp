@@ -19,6 +19,10 @@
 
 namespace loom::detail {
 
+// Whether tensor's storage is a record that tensor_records handed out whose
+// own buffer is freed by deleter (what the reader gave it).
+bool record_deleted_by(const at::Tensor& tensor, at::DeleterFnPtr deleter);
+
 class tensor_records {
  public:
   // read(name) returns the record's bytes (caffe2's PyTorchStreamReader).

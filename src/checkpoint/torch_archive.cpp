@@ -19,6 +19,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -81,7 +83,12 @@ bool is_libtorch_archive(const std::vector<char>& bytes) {
   return reader.hasRecord("constants.pkl");
 }
 
-void write_torch_archive(const c10::IValue& root, const std::function<void(const char*, std::size_t)>& sink) {
+void release_backing(void* held) { delete static_cast<std::shared_ptr<const void>*>(held); }
+
+bool lies_over_backing(const at::Tensor& tensor) { return record_deleted_by(tensor, &release_backing); }
+
+void write_torch_archive(const c10::IValue& root, const std::function<void(const char*, std::size_t)>& sink,
+                         const std::function<at::Tensor(const at::Tensor&)>& materialize) {
   std::vector<char> pickle;
   torch::jit::Pickler pickler([&pickle](const char* data, size_t size) { pickle.insert(pickle.end(), data, data + size); },
                               /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
@@ -110,7 +117,7 @@ void write_torch_archive(const c10::IValue& root, const std::function<void(const
   writer.writeRecord("byteorder", byteorder, sizeof(byteorder) - 1);
   const std::vector<at::Tensor>& storages = pickler.tensorData();
   for (std::size_t i = 0; i < storages.size(); ++i) {
-    const auto data = torch::jit::getWriteableTensorData(storages[i]);
+    const auto data = torch::jit::getWriteableTensorData(materialize ? materialize(storages[i]) : storages[i]);
     writer.writeRecord("data/" + std::to_string(i), data.data(), data.sizeInBytes());
   }
   writer.writeEndOfFile();
@@ -418,10 +425,11 @@ void verify_zip_records(std::span<const char> bytes, const std::string& path, st
 
 c10::IValue read_torch_archive(std::span<const char> bytes, const std::string& path) {
   structure_budget budget;
-  return read_torch_archive(bytes, path, budget);
+  return read_torch_archive(bytes, path, budget, nullptr);
 }
 
-c10::IValue read_torch_archive(std::span<const char> bytes, const std::string& path, structure_budget& budget) {
+c10::IValue read_torch_archive(std::span<const char> bytes, const std::string& path, structure_budget& budget,
+                               std::shared_ptr<const void> backing) {
   torch_zip zip(budget);
   read_torch_zip(bytes, path, budget, zip);
   try {
@@ -463,10 +471,17 @@ c10::IValue read_torch_archive(std::span<const char> bytes, const std::string& p
       position += count;
       return count;
     };
-    tensor_records records([&zip, &bytes, &path](const std::string& name) {
+    tensor_records records([&zip, &bytes, &path, &backing](const std::string& name) {
       const zip_record* record = zip.find("data/" + name);
       if (record == nullptr) {
         fail_checkpoint(path, "record data.pkl names a storage record 'data/" + name + "' the archive does not hold");
+      }
+      char* start = const_cast<char*>(bytes.data()) + record->start;
+      if (backing && record->bytes > 0 && reinterpret_cast<std::uintptr_t>(start) % alignof(std::max_align_t) == 0) {
+        // Over the backing's pages (a copy-on-write mapping), which live as long as a storage does.
+        auto* hold = new std::shared_ptr<const void>(backing);
+        at::DataPtr over(start, hold, &release_backing, c10::Device(c10::kCPU));
+        return std::make_tuple(std::move(over), static_cast<std::size_t>(record->bytes));
       }
       at::DataPtr copy = c10::GetCPUAllocator()->allocate(record->bytes);
       if (record->bytes > 0) std::memcpy(copy.get(), bytes.data() + record->start, record->bytes);

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -26,7 +27,10 @@ bool is_libtorch_archive(const std::vector<char>& bytes);
 // The archive goes to sink record by record: the pickle is built in memory
 // (its size is the structure's, not the tensors'), each tensor's bytes are
 // written from its storage.
-void write_torch_archive(const c10::IValue& root, const std::function<void(const char*, std::size_t)>& sink);
+// materialize, when given, says what to write for each stored tensor
+// (deferred_tensors::materialize): each is dropped once written.
+void write_torch_archive(const c10::IValue& root, const std::function<void(const char*, std::size_t)>& sink,
+                         const std::function<at::Tensor(const at::Tensor&)>& materialize = nullptr);
 std::vector<char> write_torch_archive(const c10::IValue& root);
 
 // loom's walk of the zip: every entry's bounds, no overlaps, names matching
@@ -45,6 +49,14 @@ void verify_zip_records(std::span<const char> bytes, const std::string& path, st
 // Its zip index and pickle walk are charged to a structure budget
 // (structure_budget.hpp): the second form takes one the caller reads.
 c10::IValue read_torch_archive(std::span<const char> bytes, const std::string& path);
-c10::IValue read_torch_archive(std::span<const char> bytes, const std::string& path, structure_budget& budget);
+// With a backing (what keeps bytes alive: a mapped file), the storages lie
+// over bytes themselves instead of copies, each holding the backing; bytes
+// must then be writable copy-on-write pages (mapped_file).
+c10::IValue read_torch_archive(std::span<const char> bytes, const std::string& path, structure_budget& budget,
+                               std::shared_ptr<const void> backing = nullptr);
+// The deleter of the storages that lie over a backing, and whether a
+// tensor's storage is one of them (its pages are a mapped file's).
+void release_backing(void* held);
+bool lies_over_backing(const at::Tensor& tensor);
 
 }  // namespace loom::detail

@@ -1,10 +1,12 @@
 #include "outside_files.hpp"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -140,20 +142,49 @@ confined_directory confined_directory::subdirectory(const std::string& name) con
   return confined_directory(path_of(name), fd, refuse_);
 }
 
-std::optional<std::vector<char>> confined_directory::read(const std::string& name, std::size_t limit) const {
+int confined_directory::open_entry(const std::string& name) const {
   check_name(name);
   const int fd = ::openat(descriptor_, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     const int error = errno;
-    if (error == ENOENT) return std::nullopt;
+    if (error == ENOENT) return -1;
     if (error == ELOOP) {
       refused(refuse_, path_of(name), "is a symbolic link: the files of a checkpoint directory are read only as "
                                       "regular files in it (links are refused, even to files inside it)");
     }
     refused(refuse_, path_of(name), "cannot be opened (" + errno_text(error) + ")");
   }
+  return fd;
+}
+
+std::optional<std::vector<char>> confined_directory::read(const std::string& name, std::size_t limit) const {
+  const int fd = open_entry(name);
+  if (fd < 0) return std::nullopt;
   descriptor_guard guard{fd};
   return read_opened(fd, path_of(name), limit, refuse_);
+}
+
+void drop_mapped_pages(const void* data, std::size_t bytes) noexcept {
+  if (bytes == 0) return;
+  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto first = reinterpret_cast<std::uintptr_t>(data) / page * page;
+  const auto end = reinterpret_cast<std::uintptr_t>(data) + bytes;
+  ::madvise(reinterpret_cast<void*>(first), end - first, MADV_DONTNEED);
+}
+
+mapped_file::~mapped_file() {
+  if (size > 0) ::munmap(const_cast<char*>(data), size);
+}
+
+std::optional<std::shared_ptr<const mapped_file>> confined_directory::map(const std::string& name) const {
+  const int fd = open_entry(name);
+  if (fd < 0) return std::nullopt;
+  descriptor_guard guard{fd};
+  const std::size_t size = regular_size(fd, path_of(name), refuse_);
+  if (size == 0) return std::make_shared<const mapped_file>(nullptr, 0);
+  void* data = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  if (data == MAP_FAILED) refused(refuse_, path_of(name), "cannot be mapped (" + errno_text(errno) + ")");
+  return std::make_shared<const mapped_file>(static_cast<const char*>(data), size);
 }
 
 bool confined_directory::has(const std::string& name) const {

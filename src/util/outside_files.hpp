@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -37,6 +38,26 @@ std::optional<regular_file> open_regular_file(const std::string& path, refuse_fi
 // `limit` bytes; nullopt when nothing is there.
 std::optional<std::vector<char>> read_regular_file(const std::string& path, std::size_t limit, refuse_file refuse);
 
+// A regular file mapped into memory, private and copy-on-write (a tensor
+// over its pages may be written without changing the file), unmapped when
+// the last holder lets go. Its pages are the page cache's, read when first
+// touched and given back under memory pressure: none is on the heap. A file
+// truncated by someone else while it is mapped ends the process with
+// SIGBUS, so only readers that ask for it map (loom-consolidate).
+struct mapped_file {
+  mapped_file(const char* data, std::size_t size) noexcept : data(data), size(size) {}
+  mapped_file(const mapped_file&) = delete;
+  mapped_file& operator=(const mapped_file&) = delete;
+  ~mapped_file();
+  const char* data;
+  std::size_t size;
+};
+// Gives the pages under [data, data + bytes) of a mapped_file back
+// (madvise MADV_DONTNEED): the resident set shrinks, and a later read
+// faults them in again from the page cache. Only for pages never written
+// (a written copy-on-write page would lose what was written).
+void drop_mapped_pages(const void* data, std::size_t bytes) noexcept;
+
 // A directory whose entries are named by data inside it, opened once.
 class confined_directory {
  public:
@@ -52,6 +73,8 @@ class confined_directory {
   // The regular file `name` inside it, at most `limit` bytes; nullopt when
   // it has no entry of that name.
   std::optional<std::vector<char>> read(const std::string& name, std::size_t limit = no_size_limit) const;
+  // The same file mapped instead of read (mapped_file).
+  std::optional<std::shared_ptr<const mapped_file>> map(const std::string& name) const;
   // Whether it has an entry of that name, of any kind (what to read next is
   // chosen by it; the read itself checks the entry).
   bool has(const std::string& name) const;
@@ -62,6 +85,8 @@ class confined_directory {
  private:
   confined_directory(std::string path, int descriptor, refuse_file refuse) noexcept;
   void check_name(const std::string& name) const;
+  // The regular file `name`, opened without following a link; -1 when there is none.
+  int open_entry(const std::string& name) const;
 
   std::string path_;
   int descriptor_ = -1;

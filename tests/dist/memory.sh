@@ -1,10 +1,12 @@
 #!/bin/sh
 # Memory caps the tests enforce (memory_worker.cpp): FULL_SHARD on 4 and 8
-# ranks and deepspeed_stage_3 on 4 build, train and save the 16 x
-# Linear(1024, 1024) MLP with each phase under a heap cap from its formula,
-# and equal single_device; each phase's negative control (the model built
-# outside init_module(true); parameters kept whole through the step; a full
-# save) hits its cap on one rank, and that ends every rank within seconds.
+# ranks and deepspeed_stage_3 on 4 build, train, save and consolidate the
+# 16 x Linear(1024, 1024) MLP with each phase under a heap cap from its
+# formula, and equal single_device (the consolidated file byte for byte the
+# one written whole); each phase's negative control (the model built outside
+# init_module(true); parameters kept whole through the step; a full save;
+# the merged checkpoint read whole) hits its cap on one rank, and that ends
+# every rank within seconds.
 set -eu
 # shellcheck source=tests/dist/common.sh
 . "$(dirname "$0")/common.sh"
@@ -23,7 +25,7 @@ capped() {
   if [ $status -eq 77 ]; then skip "$(cat "$out")"; return; fi
   if [ $status -ne 0 ]; then fail "$1 on $2 ranks under the caps exited $status"; sed 's/^/    /' "$out" | tail -n 30; return; fi
   expect_contains "$out" "memory caps ($1, capped): world_size=$2 all checks passed" \
-    "$1 on $2 ranks: build, step and sharded save under their caps, equal to single_device"
+    "$1 on $2 ranks: build, step, sharded save and consolidate under their caps, equal to single_device"
   sed -n 's/^\(phase\|law\)/  \1/p' "$out"
 }
 
@@ -51,9 +53,11 @@ capped fsdp 4
 control fsdp 4 control_build
 control fsdp 4 control_step
 control fsdp 4 control_save
+control fsdp 4 control_consolidate
 capped zero3 4
 control zero3 4 control_build
 control zero3 4 control_step
+control zero3 4 control_consolidate
 capped fsdp 8
 expect_no_leftovers "memory"
 finish

@@ -12,6 +12,8 @@
 //                  + autograd's weight gradient before it is added (1 unit)
 //                  + activations (4 tensors of b x 1024 floats per layer)
 //   sharded save   16Ψ/N: the rank's state, written from its own tensors
+//   consolidate    16Ψ/N + the largest tensor (one weight, 4 MiB): rank 0,
+//                  holding its state, makes one file of the save
 // The margin, 6 MiB, covers what no formula names (module objects, Gloo's
 // buffers for a message that arrives before its receive is posted (up to
 // 2 MiB seen at N = 8), the optimizer's temporaries of one shard, a save's
@@ -22,7 +24,9 @@
 //   control_step   parameters kept whole through the step (SHARD_GRAD_OP;
 //                  deepspeed_stage_2 for ZeRO-3), built without a cap;
 //   control_save   a full save (state_dict_type full, fsdp), which gathers
-//                  the parameters and optimizer state onto rank 0.
+//                  the parameters and optimizer state onto rank 0;
+//   control_consolidate  the merged checkpoint read whole, then written
+//                  (read_sharded_checkpoint + write_checkpoint).
 // A control caps one rank only: that rank's refusal must end every rank
 // within seconds (the collectives' timeout here is 5 s; 30 s in the real
 // runs), not leave the others waiting for it.
@@ -31,7 +35,7 @@
 //
 // `uncapped` measures the same phases without caps (docs/fsdp.md's table).
 //
-//   memory_worker fsdp|zero3 capped|uncapped|control_build|control_step|control_save N MARK
+//   memory_worker fsdp|zero3 capped|uncapped|control_build|control_step|control_save|control_consolidate N MARK
 #include "../allocation_counter.hpp"
 #include "strategy_laws.hpp"
 
@@ -40,6 +44,8 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <set>
 #include <string>
 #include <vector>
@@ -160,10 +166,18 @@ void warm_up() {
   }
 }
 
+bool files_equal(const std::string& a, const std::string& b) {
+  std::ifstream first(a, std::ios::binary), second(b, std::ios::binary);
+  const std::string x((std::istreambuf_iterator<char>(first)), std::istreambuf_iterator<char>());
+  const std::string y((std::istreambuf_iterator<char>(second)), std::istreambuf_iterator<char>());
+  return first.good() == second.good() && !x.empty() && x == y;
+}
+
 // Which phases this rank runs under a cap, and how the model is built.
 struct plan {
   bool empty_init = true;
-  bool build = false, step = false, save = false;
+  bool build = false, step = false, save = false, consolidate = false;
+  bool eager_consolidate = false;  // today's path before streaming: the merged checkpoint whole in memory
   std::string checkpoint;  // where the save goes
 };
 
@@ -215,6 +229,33 @@ void run_phases(F& fabric, loom::counting_allocator& tensors, const plan& capped
   measure.begin("save", save_formula, capped.save);
   fabric.save(path, {{"model", model}, {"optimizer", optimizer}});
   report(fabric, "save", measure.end(), save_formula, capped.save);
+
+  // Rank 0 makes one file of the save (loom-consolidate's function) while
+  // it holds its state; the others wait.
+  const std::int64_t consolidate_formula = 16 * psi / n + 4 * width * width;
+  const std::string consolidated = path + ".pt";
+  measure.begin("consolidate", consolidate_formula, capped.consolidate);
+  if (r == 0) {
+    if (capped.eager_consolidate) {
+      loom::write_checkpoint(consolidated, loom::is_sharded_checkpoint(path) ? loom::read_sharded_checkpoint(path)
+                                                                             : loom::read_deepspeed_checkpoint(path));
+    } else {
+      loom::consolidate_checkpoint(path, consolidated);
+    }
+  }
+  report(fabric, "consolidate", measure.end(), consolidate_formula, capped.consolidate);
+  if (r == 0 && !capped.eager_consolidate) {
+    // Uncapped: byte for byte what the merged checkpoint, whole, writes.
+    loom::write_checkpoint(consolidated + ".eager", loom::is_sharded_checkpoint(path)
+                                                        ? loom::read_sharded_checkpoint(path)
+                                                        : loom::read_deepspeed_checkpoint(path));
+    const bool same = files_equal(consolidated, consolidated + ".eager");
+    LAW_EXPECT(same, "the streamed consolidation %s differs from the merged checkpoint written whole",
+               consolidated.c_str());
+    std::printf("law (consolidate) streamed, one tensor at a time, is byte for byte the file written whole: %s\n",
+                same ? "yes" : "NO");
+    std::fflush(stdout);
+  }
   // Uncapped: the gathered parameters against one process with batch B.
   current = {"check", 0};
   const auto trained = laws::flat(laws::full_parameters(fabric, model, net));
@@ -249,12 +290,13 @@ loom::Fabric<loom::cpu, Strategy, loom::fp32> make_fabric(Strategy strategy) {
 int main(int argc, char** argv) {
   auto& tensors = loom::install_counting_allocator();
   if (argc < 4) {
-    std::fprintf(stderr, "usage: memory_worker fsdp|zero3 capped|uncapped|control_build|control_step|control_save N [MARK]\n");
+    std::fprintf(stderr, "usage: memory_worker fsdp|zero3 capped|uncapped|control_build|control_step|control_save|control_consolidate N [MARK]\n");
     return 2;
   }
   const std::string which = argv[1];
   const std::string scenario = argv[2];
-  const std::set<std::string> scenarios{"capped", "uncapped", "control_build", "control_step", "control_save"};
+  const std::set<std::string> scenarios{"capped",       "uncapped",     "control_build",
+                                        "control_step", "control_save", "control_consolidate"};
   if ((which != "fsdp" && which != "zero3") || scenarios.count(scenario) == 0 ||
       (which == "zero3" && scenario == "control_save")) {
     std::fprintf(stderr, "memory_worker: unknown strategy '%s' or scenario '%s'\n", which.c_str(), scenario.c_str());
@@ -276,6 +318,8 @@ int main(int argc, char** argv) {
                       .build = all || (scenario == "control_build" && last),
                       .step = all || (scenario == "control_step" && last),
                       .save = all || (scenario == "control_save" && launcher.global_rank() == 0),
+                      .consolidate = all || (scenario == "control_consolidate" && launcher.global_rank() == 0),
+                      .eager_consolidate = scenario == "control_consolidate",
                       .checkpoint = laws::test_dir() + "/memory_" + which + "_" + scenario + "_" + argv[3]};
     const bool whole_parameters = scenario == "control_step";
     const auto timeout =

@@ -98,6 +98,20 @@ void save_sharded_checkpoint(const std::string& path, const state& state, const 
 // missing, torn or corrupted file is a checkpoint_error naming it.
 checkpoint_contents read_sharded_checkpoint(const std::string& directory);
 
+// loom-consolidate's work: the full checkpoint of a sharded one, or of a ZeRO
+// one in DeepSpeed's layout, written atomically to output, byte for byte
+// what write_checkpoint(output, read_sharded_checkpoint(input)) (or
+// read_deepspeed_checkpoint) writes, holding one full tensor at a time: the
+// rank files are mapped and checked (size, CRC32) before anything is
+// written, and each merged tensor is assembled from their pages as its
+// record is written, then dropped. Returns the written file's metadata and
+// its number of entries.
+struct consolidated_checkpoint {
+  checkpoint_metadata metadata;
+  std::size_t entries = 0;
+};
+consolidated_checkpoint consolidate_checkpoint(const std::string& input, const std::string& output);
+
 // ----------------------------------------------------------- DeepSpeed's layout
 // ZeRO's checkpoints under DeepSpeed's file names with Lightning's tag:
 // PATH/latest holds the tag, PATH/checkpoint/ holds mp_rank_00_model_states.pt

@@ -1,0 +1,30 @@
+// One full checkpoint from a sharded or DeepSpeed-layout one, streamed
+// (consolidate_checkpoint in io.hpp): the merge's tensors are deferred and
+// each is made whole only while its record is written.
+#include <loom/checkpoint/io.hpp>
+#include <loom/errors.hpp>
+
+#include "checkpoint_bytes.hpp"
+#include "torch_archive.hpp"
+
+namespace loom {
+
+consolidated_checkpoint consolidate_checkpoint(const std::string& input, const std::string& output) {
+  detail::deferred_tensors deferred;
+  const bool zero = is_deepspeed_checkpoint(input);
+  if (!zero && !is_sharded_checkpoint(input)) {
+    detail::fail_checkpoint(input, "is neither a sharded checkpoint (a directory holding meta.pt and one file per "
+                                   "rank) nor a ZeRO one (DeepSpeed's layout: a directory holding 'latest')");
+  }
+  const checkpoint_contents contents = zero ? detail::read_deepspeed(input, &deferred) : detail::read_sharded(input, &deferred);
+  // As write_checkpoint lays the file out: the metadata first, then the entries.
+  c10::impl::GenericDict entries(c10::StringType::get(), c10::AnyType::get());
+  entries.insert(detail::metadata_key, detail::metadata_value(contents.metadata));
+  for (const auto& item : contents.entries) {
+    if (item.key().toStringRef() != detail::metadata_key) entries.insert(item.key(), item.value());
+  }
+  detail::write_entries(output, entries, &deferred);
+  return {contents.metadata, contents.entries.size()};
+}
+
+}  // namespace loom
