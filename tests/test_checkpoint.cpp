@@ -5,6 +5,7 @@
 #include "allocation_counter.hpp"
 
 #include "catch.hpp"
+#include "../src/checkpoint/checkpoint_bytes.hpp"
 #include "../src/checkpoint/python_pickle.hpp"
 #include "../src/checkpoint/structure_budget.hpp"
 #include "../src/checkpoint/tensor_records.hpp"
@@ -16,6 +17,7 @@
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <loom/environment.hpp>
 #include <loom/loom.hpp>
@@ -27,6 +29,7 @@
 #include <torch/serialize.h>
 #include <zlib.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <functional>
 #include <cstring>
@@ -1024,6 +1027,56 @@ TEST_CASE("an optimizer state whose step is no step count is refused", "[checkpo
     CHECK_THROWS_WITH(loom::load_checkpoint(dir.file("forged.ckpt"), {{"model", model}, {"optimizer", optimizer}}),
                       Catch::Contains("has a step that is not a step count (0 to 2^53)"));
   }
+}
+
+// Files are written as they are serialised (no buffer of the file's size):
+// a write that fails part way (the file-size limit, EFBIG) or a producer
+// that throws part way leaves the previous file whole and no temporary file.
+TEST_CASE("a save that fails part way leaves the previous file and no temporary file", "[checkpoint]") {
+  loom_test::scratch_dir dir("ckpt-failed-write");
+  const std::string path = dir.file("model.pt");
+  torch::nn::Linear small(4, 3);
+  loom::save_checkpoint(path, {{"model", small}}, {}, {});
+  const auto saved = small->weight.detach().clone();
+  auto leftovers = [&] {
+    int count = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
+      count += entry.path().filename().string().find(".tmp-") != std::string::npos ? 1 : 0;
+    }
+    return count;
+  };
+  torch::nn::Linear large(256, 256);  // 257 KiB of records
+  {
+    struct rlimit before {};
+    ::getrlimit(RLIMIT_FSIZE, &before);
+    struct rlimit limit = before;
+    limit.rlim_cur = 64 * 1024;
+    auto* previous = std::signal(SIGXFSZ, SIG_IGN);  // the write fails with EFBIG instead
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+    std::string error;
+    try {
+      loom::save_checkpoint(path, {{"model", large}}, {}, {});
+    } catch (const loom::checkpoint_error& e) {
+      error = e.what();
+    }
+    ::setrlimit(RLIMIT_FSIZE, &before);
+    std::signal(SIGXFSZ, previous);
+    CHECK_THAT(error, Catch::Contains("write failed") && Catch::Contains("the previous file, if any, is untouched"));
+  }
+  CHECK(leftovers() == 0);
+  torch::nn::Linear back(4, 3);
+  loom::load_checkpoint(path, {{"model", back}});
+  CHECK(torch::equal(back->weight.detach(), saved));
+
+  CHECK_THROWS_WITH(loom::detail::write_file_atomically(path,
+                                                        [](const loom::detail::byte_sink& sink) {
+                                                          sink("PK", 2);
+                                                          throw std::runtime_error("the producer failed");
+                                                        }),
+                    Catch::Contains("the producer failed"));
+  CHECK(leftovers() == 0);
+  loom::load_checkpoint(path, {{"model", back}});
+  CHECK(torch::equal(back->weight.detach(), saved));
 }
 
 // Files of a sharded checkpoint from outside (found by fuzzing, inputs in

@@ -499,6 +499,12 @@ const constructed_shard* adopted_shard(const sharded_unit& unit, const fsdp_opti
   for (std::size_t i = 0; same && i < unit.params.size(); ++i) {
     same = built->parameters[i] == unit.params[i].param.unsafeGetTensorImpl();
   }
+  if (same && !unit.params.empty() && built->shard.scalar_type() != unit.params.front().param.scalar_type()) {
+    throw configuration_error(refusal + "in " + std::string(c10::toString(built->shard.scalar_type())) +
+                              ", and its parameters are " +
+                              std::string(c10::toString(unit.params.front().param.scalar_type())) +
+                              " at setup (converted in between)" + remedy);
+  }
   if (!same) {
     throw configuration_error(refusal + "its parameters at setup are not the ones it was cut from (a weight tied "
                               "to another unit, parameters added after its constructor, or a wrap policy that "

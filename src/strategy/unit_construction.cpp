@@ -45,7 +45,8 @@ void unit_constructed(torch::nn::Module& unit, unit_marker& marker) {
   built->rank = group.rank();
   for (const auto& p : parameters) built->numel += p.numel();
   const flat_shard layout{built->numel, built->shards, built->rank};
-  const auto options = parameters.front().options().requires_grad(false);
+  auto options = parameters.front().options().requires_grad(false);
+  if (sharding->dtype && parameters.front().is_floating_point()) options = options.dtype(*sharding->dtype);
   built->shard = at::zeros({layout.shard_numel()}, options);
   // A placeholder of each shape over one NaN: no storage of the parameter's size.
   const at::Tensor nan = at::full({1}, std::numeric_limits<double>::quiet_NaN(), options);

@@ -300,7 +300,9 @@ void law_tied() {
 // and ZeRO-3: each unit keeps only its shard from its constructor on (fc1,
 // fc2: placeholders of 4 bytes until setup; fc3, no unit, stays whole in the
 // root); after setup the gathered parameters equal one process's, built with
-// the same seed, element for element, and training follows the laws. Where
+// the same seed, element for element, and training follows the laws; under
+// ZeRO-3's bf16 mode the shards are bf16 from construction on, equal to the
+// module converted at setup. Where
 // the shards cannot be what setup needs (a weight tied across units; built
 // for FULL_SHARD, set up under SHARD_GRAD_OP) setup refuses with what to do;
 // under SHARD_GRAD_OP init_module(true) has no effect.
@@ -313,6 +315,38 @@ std::string setup_refusal(F& fabric, Tied& net) {
     return error.what();
   }
   return "(no error)";
+}
+
+// DeepSpeed's bf16 mode under precision P: each shard is bf16 from
+// construction on, equal element for element to the module built by the
+// same precision's init_module(false) (bf16-true builds in bf16; bf16-mixed
+// in fp32) and converted at setup.
+template <class P>
+void law_sharded_construction_bf16(const char* precision) {
+  loom::Fabric<loom::cpu, loom::deepspeed_stage_3, P> zero;
+  auto build = [&](bool empty_init) {
+    auto guard = zero.init_module(empty_init);
+    return make_net();
+  };
+  auto net = build(true);
+  for (const auto& p : net->fc1->parameters()) {
+    LAW_EXPECT(p.scalar_type() == at::kBFloat16 && p.storage().nbytes() == 2,
+               "ZeRO-3 %s, init_module(true): fc1 keeps a %s placeholder of %zu bytes, not a 2-byte bf16 one",
+               precision, c10::toString(p.scalar_type()), p.storage().nbytes());
+  }
+  auto reference = build(false);
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
+  auto [model, optimizer] = zero.setup(net, adam);
+  const auto gathered = laws::flat(laws::full_parameters(zero, model, net));
+  const auto expected = laws::flat_of(reference).to(at::kBFloat16);
+  LAW_EXPECT(gathered.scalar_type() == at::kBFloat16 && torch::equal(gathered, expected),
+             "ZeRO-3 %s, init_module(true): the gathered parameters differ from the module built whole and "
+             "converted by %g",
+             precision, (gathered.to(at::kFloat) - expected.to(at::kFloat)).abs().max().template item<double>());
+  laws::train_steps(zero, model, optimizer, 0, 3);
+  const auto trained = laws::flat(laws::full_parameters(zero, model, net));
+  LAW_EXPECT(torch::isfinite(trained.to(at::kFloat)).all().template item<bool>() && !torch::equal(trained, gathered),
+             "ZeRO-3 %s, init_module(true): three steps left the parameters unchanged or not finite", precision);
 }
 
 void law_sharded_construction() {
@@ -349,6 +383,8 @@ void law_sharded_construction() {
     };
     laws::law_equivalence(zero, build_zero, make_net, "ZeRO-3, init_module(true)", laws::data_parallel_split(zero));
   }
+  law_sharded_construction_bf16<loom::bf16_mixed>("bf16-mixed");
+  law_sharded_construction_bf16<loom::bf16>("bf16-true");
   {
     auto net = [&] {
       auto guard = fabric.init_module(true);
@@ -381,7 +417,8 @@ void law_sharded_construction() {
   }
   if (fabric.global_rank() == 0) {
     std::printf("law (init_module(true)): FULL_SHARD and ZeRO-3 units keep only their shards from construction; "
-                "gathered after setup they equal one process's element for element; a tied weight and a "
+                "gathered after setup they equal one process's element for element (ZeRO-3 under bf16-mixed and "
+                "bf16-true: bf16 shards, equal to the module built whole and converted); a tied weight and a "
                 "SHARD_GRAD_OP setup are refused\n");
     std::fflush(stdout);
   }

@@ -116,11 +116,14 @@ struct deepspeed : fsdp {
   }
 
   // fabric.init_module(true): stage 3 shards each loom::unit<M> as it is
-  // built, under 32-true; DeepSpeed's 16-bit mode converts the module at
-  // setup, so there it has no effect yet.
+  // built. In DeepSpeed's 16-bit mode (bf16, fp16) setup converts the module:
+  // each shard is kept in that dtype from construction on (zero.Init builds
+  // the 16-bit parameters too), rounded as the conversion would round it.
   std::optional<detail::construction_sharding> construction_sharding() const {
-    if (precision_ != "32-true") return std::nullopt;
-    return fsdp::construction_sharding();
+    auto sharding = fsdp::construction_sharding();
+    if (sharding && config_.bf16) sharding->dtype = at::kBFloat16;
+    if (sharding && config_.fp16.enabled) sharding->dtype = at::kHalf;
+    return sharding;
   }
 
   // The module with its one optimizer (Lightning's rule): the engine shards

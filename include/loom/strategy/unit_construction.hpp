@@ -16,6 +16,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace torch::nn {
@@ -35,6 +36,10 @@ namespace detail {
 struct construction_sharding {
   comm::process_group* group = nullptr;  // the shard group: each of its ranks builds every unit, in one order
   bool from_rank_zero = true;            // sync_module_states: each parameter is broadcast from rank 0 first
+  // The dtype setup converts floating parameters to (DeepSpeed's 16-bit
+  // mode): the shard is kept in it, as the whole module converted at setup
+  // would give it; nullopt keeps the dtype the unit was built in.
+  std::optional<at::ScalarType> dtype;
 };
 
 // What a unit's construction left for setup: this rank's shard of the
