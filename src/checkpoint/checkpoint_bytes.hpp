@@ -68,6 +68,10 @@ written_file write_file_atomically(const std::string& path, const file_producer&
 // path as the archive is serialised: no buffer of the file's size.
 written_file write_entries(const std::string& path, const c10::impl::GenericDict& entries,
                            const deferred_tensors* deferred = nullptr);
+// contents (metadata, then entries) written so: write_checkpoint, and
+// consolidate with its deferred tensors.
+written_file write_contents(const std::string& path, const checkpoint_contents& contents,
+                            const deferred_tensors* deferred = nullptr);
 // Bytes read from path, verified and parsed.
 checkpoint_contents parse_checkpoint(const std::vector<char>& bytes, const std::string& path);
 // With a backing, the tensors lie over bytes (read_torch_archive).

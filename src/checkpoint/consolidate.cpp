@@ -17,13 +17,7 @@ consolidated_checkpoint consolidate_checkpoint(const std::string& input, const s
                                    "rank) nor a ZeRO one (DeepSpeed's layout: a directory holding 'latest')");
   }
   const checkpoint_contents contents = zero ? detail::read_deepspeed(input, &deferred) : detail::read_sharded(input, &deferred);
-  // As write_checkpoint lays the file out: the metadata first, then the entries.
-  c10::impl::GenericDict entries(c10::StringType::get(), c10::AnyType::get());
-  entries.insert(detail::metadata_key, detail::metadata_value(contents.metadata));
-  for (const auto& item : contents.entries) {
-    if (item.key().toStringRef() != detail::metadata_key) entries.insert(item.key(), item.value());
-  }
-  detail::write_entries(output, entries, &deferred);
+  detail::write_contents(output, contents, &deferred);  // as write_checkpoint lays the file out
   return {contents.metadata, contents.entries.size()};
 }
 

@@ -16,9 +16,6 @@
 
 
 #include <algorithm>
-#include <memory>
-#include <optional>
-#include <span>
 #include <filesystem>
 #include <fstream>
 
@@ -154,20 +151,13 @@ checkpoint_contents detail::read_deepspeed(const std::string& path, deferred_ten
   const fs::path index_path = directory / index_name;
   // Rank 0's model states (stage 3: its module slices) mapped like the
   // files it lists when the merge is deferred.
-  std::optional<std::vector<char>> index_bytes;
-  std::optional<std::shared_ptr<const detail::mapped_file>> index_mapped;
-  if (deferred != nullptr) index_mapped = tag.map(index_name);
-  else index_bytes = tag.read(index_name);
-  if (!index_bytes && !index_mapped) {
+  auto index_bytes = tag.load(index_name, /*map_file=*/deferred != nullptr);
+  if (!index_bytes) {
     fail_checkpoint(directory.string(), "has neither " + std::string(whole_model_file) + " nor " + model_file(0) +
                                             " (a save that did not finish, or not loom's); nothing was changed");
   }
-  checkpoint_contents index =
-      index_mapped ? detail::parse_checkpoint(std::span<const char>((*index_mapped)->data, (*index_mapped)->size),
-                                              index_path.string(), *index_mapped)
-                   : detail::parse_checkpoint(*index_bytes, index_path.string());
+  checkpoint_contents index = detail::parse_checkpoint(index_bytes->bytes(), index_path.string(), index_bytes->mapped);
   index_bytes.reset();
-  index_mapped.reset();
   const int world = static_cast<int>(index.metadata.world_size);
   std::vector<checkpoint_contents> optim(static_cast<std::size_t>(world));
   std::vector<checkpoint_contents> model{index};

@@ -263,13 +263,19 @@ void save_checkpoint(const std::string& path, const state& state, const state_fi
   detail::write_entries(path, detail::checkpoint_entries(path, state, filter, metadata));
 }
 
-void write_checkpoint(const std::string& path, const checkpoint_contents& contents) {
+detail::written_file detail::write_contents(const std::string& path, const checkpoint_contents& contents,
+                                            const deferred_tensors* deferred) {
+  // The metadata first, then the entries.
   c10::impl::GenericDict entries(c10::StringType::get(), c10::AnyType::get());
   entries.insert(metadata_key, detail::metadata_value(contents.metadata));
   for (const auto& item : contents.entries) {
     if (item.key().toStringRef() != metadata_key) entries.insert(item.key(), item.value());
   }
-  detail::write_entries(path, entries);
+  return write_entries(path, entries, deferred);
+}
+
+void write_checkpoint(const std::string& path, const checkpoint_contents& contents) {
+  detail::write_contents(path, contents);
 }
 
 namespace {

@@ -112,37 +112,24 @@ std::vector<std::pair<std::string, checkpoint_contents>> read_listed(const confi
   if (listed == index.entries.end() || !listed->value().isList()) {
     fail_checkpoint(index_path.string(), "does not list the other files (not a loom multi-file checkpoint's index)");
   }
-  // A file's bytes: read onto the heap, or mapped (then its tensors lie over its pages).
-  struct file_bytes {
+  // Each file read onto the heap, or mapped (then its tensors lie over its pages).
+  struct listed_bytes {
     std::string path;
-    std::vector<char> read;
-    std::shared_ptr<const mapped_file> mapped;
-    std::span<const char> bytes() const {
-      return mapped ? std::span<const char>(mapped->data, mapped->size) : std::span<const char>(read);
-    }
+    file_bytes file;
   };
   // Every file is checked (present, size, CRC32) before any is parsed.
-  std::vector<file_bytes> files;
+  std::vector<listed_bytes> files;
   for (const auto& item : listed->value().toListRef()) {
     const listed_file file = listed_entry(item, index_path.string());
     const std::string& name = file.name;
-    file_bytes found{directory.path_of(name), {}, nullptr};
-    bool present = false;
-    if (map_files) {
-      auto mapped = directory.map(name);
-      present = mapped.has_value();
-      if (present) found.mapped = std::move(*mapped);
-    } else {
-      auto read = directory.read(name);
-      present = read.has_value();
-      if (present) found.read = std::move(*read);
-    }
-    if (!present) {
+    auto loaded = directory.load(name, map_files);
+    if (!loaded) {
       fail_checkpoint(directory.path(), "is missing " + name + ", which " + index_name + " lists (a job of " +
                                             std::to_string(index.metadata.world_size) +
                                             " ranks wrote it); nothing was changed");
     }
-    const std::span<const char> bytes = found.bytes();
+    listed_bytes found{directory.path_of(name), std::move(*loaded)};
+    const std::span<const char> bytes = found.file.bytes();
     if (static_cast<std::int64_t>(bytes.size()) != file.bytes) {
       fail_checkpoint(found.path, "has " + std::to_string(bytes.size()) + " bytes, " + index_name + " says " +
                                       std::to_string(file.bytes) + " (torn or replaced); nothing was changed");
@@ -151,16 +138,15 @@ std::vector<std::pair<std::string, checkpoint_contents>> read_listed(const confi
       fail_checkpoint(found.path, "does not match the CRC32 " + index_name + " recorded (corrupted); nothing was changed");
     }
     // Checked: its pages leave the resident set until a record is read.
-    if (found.mapped) drop_mapped_pages(found.mapped->data, found.mapped->size);
+    if (found.file.mapped) drop_mapped_pages(bytes.data(), bytes.size());
     files.push_back(std::move(found));
   }
   std::vector<std::pair<std::string, checkpoint_contents>> out;
   for (auto& file : files) {
-    checkpoint_contents contents = parse_checkpoint(file.bytes(), file.path, file.mapped);
+    checkpoint_contents contents = parse_checkpoint(file.file.bytes(), file.path, file.file.mapped);
     // The parse checked every record's CRC32: its pages go back too.
-    if (file.mapped) drop_mapped_pages(file.mapped->data, file.mapped->size);
-    std::vector<char>().swap(file.read);
-    file.mapped.reset();  // the tensors hold it
+    if (file.file.mapped) drop_mapped_pages(file.file.bytes().data(), file.file.bytes().size());
+    file.file = {};  // the tensors hold the mapping
     if (contents.metadata.world_size != index.metadata.world_size) {
       fail_checkpoint(file.path, "was written by a job of " + std::to_string(contents.metadata.world_size) +
                                      " ranks, " + index_name + " by one of " + std::to_string(index.metadata.world_size) +

@@ -187,6 +187,17 @@ std::optional<std::shared_ptr<const mapped_file>> confined_directory::map(const 
   return std::make_shared<const mapped_file>(static_cast<const char*>(data), size);
 }
 
+std::optional<file_bytes> confined_directory::load(const std::string& name, bool map_file) const {
+  if (map_file) {
+    auto mapped = map(name);
+    if (!mapped) return std::nullopt;
+    return file_bytes{{}, std::move(*mapped)};
+  }
+  auto bytes = read(name);
+  if (!bytes) return std::nullopt;
+  return file_bytes{std::move(*bytes), nullptr};
+}
+
 bool confined_directory::has(const std::string& name) const {
   check_name(name);
   struct stat status {};

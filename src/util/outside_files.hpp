@@ -15,6 +15,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,15 @@ struct mapped_file {
 // (a written copy-on-write page would lose what was written).
 void drop_mapped_pages(const void* data, std::size_t bytes) noexcept;
 
+// A file's bytes, read onto the heap or mapped (confined_directory::load).
+struct file_bytes {
+  std::vector<char> read;
+  std::shared_ptr<const mapped_file> mapped;
+  std::span<const char> bytes() const {
+    return mapped ? std::span<const char>(mapped->data, mapped->size) : std::span<const char>(read);
+  }
+};
+
 // A directory whose entries are named by data inside it, opened once.
 class confined_directory {
  public:
@@ -75,6 +85,8 @@ class confined_directory {
   std::optional<std::vector<char>> read(const std::string& name, std::size_t limit = no_size_limit) const;
   // The same file mapped instead of read (mapped_file).
   std::optional<std::shared_ptr<const mapped_file>> map(const std::string& name) const;
+  // read(name) or, with map_file, map(name).
+  std::optional<file_bytes> load(const std::string& name, bool map_file) const;
   // Whether it has an entry of that name, of any kind (what to read next is
   // chosen by it; the read itself checks the entry).
   bool has(const std::string& name) const;
