@@ -6,6 +6,8 @@
 #include <loom/checkpoint/io.hpp>
 #include <loom/checkpoint/state.hpp>
 
+#include "torch_archive.hpp"
+
 #include <ATen/core/ivalue.h>
 
 #include <cstddef>
@@ -74,9 +76,35 @@ written_file write_contents(const std::string& path, const checkpoint_contents& 
                             const deferred_tensors* deferred = nullptr);
 // Bytes read from path, verified and parsed.
 checkpoint_contents parse_checkpoint(const std::vector<char>& bytes, const std::string& path);
-// With a backing, the tensors lie over bytes (read_torch_archive).
+// With a backing, the tensors lie over bytes (read_torch_archive); with
+// unread too, they are left unread and listed there
+// (read_torch_archive_structure; a file in loom's earlier format is read
+// whole and lists nothing).
 checkpoint_contents parse_checkpoint(std::span<const char> bytes, const std::string& path,
-                                     std::shared_ptr<const void> backing);
+                                     std::shared_ptr<const void> backing, unread_records* unread = nullptr);
+
+// Where a split tensor sits in a checkpoint's entries: a state dict (a
+// module's, or any dict keyed by parameter name, as ZeRO's fp32 masters),
+// or a per-parameter state field of an optimizer in torch.optim's layout.
+enum class split_place { state_dict, optimizer_state };
+using split_test = std::function<bool(const std::string& name, const c10::IValue& value, split_place place)>;
+// The value at the same place in another file's contents (None if absent).
+using tensor_finder = std::function<c10::IValue(const checkpoint_contents& file)>;
+// Where one split tensor is: its entry, its parameter's name, and the
+// optimizer state field ("" in a state dict).
+struct split_site {
+  std::string entry, name, field;
+  split_place place = split_place::state_dict;
+};
+// The value that replaces a split tensor; `what` names it in errors.
+using split_maker =
+    std::function<c10::IValue(const split_site& site, const std::string& what, const tensor_finder& find)>;
+// entries (rank 0's file's) with every value is_split picks replaced by
+// make's: the one walk of a sharded checkpoint's layout, shared by the
+// merge to full size and a rank's read of its parts. The files index is
+// left out; every other entry is kept as it is.
+c10::impl::GenericDict rebuild_split_tensors(const c10::impl::GenericDict& entries, const split_test& is_split,
+                                             const split_maker& make);
 
 // Every rank's contents into one: tensors with a range in the first rank's
 // metadata.shards concatenated in range order, the rest taken from it. With

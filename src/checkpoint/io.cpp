@@ -7,6 +7,7 @@
 #include "file_bytes.hpp"
 #include "structure_budget.hpp"
 #include "torch_archive.hpp"
+#include "../util/optimizer_families.hpp"
 #include "../util/outside_files.hpp"
 
 #include <ATen/ATen.h>
@@ -22,12 +23,14 @@
 #include <cstdio>
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <span>
 #include <sstream>
 #include <system_error>
+#include <tuple>
 
 namespace loom {
 namespace fs = std::filesystem;
@@ -319,13 +322,14 @@ checkpoint_contents detail::parse_checkpoint(const std::vector<char>& bytes, con
 }
 
 checkpoint_contents detail::parse_checkpoint(std::span<const char> bytes, const std::string& path,
-                                             std::shared_ptr<const void> backing) {
+                                             std::shared_ptr<const void> backing, unread_records* unread) {
   c10::IValue root;
   if (bytes.size() >= sizeof(magic) && std::memcmp(bytes.data(), magic, sizeof(magic)) == 0) {
     root = read_format_1(std::vector<char>(bytes.begin(), bytes.end()), path);
   } else if (bytes.size() >= 2 && bytes[0] == 'P' && bytes[1] == 'K') {
     structure_budget budget;
-    root = detail::read_torch_archive(bytes, path, budget, std::move(backing));
+    root = unread != nullptr ? detail::read_torch_archive_structure(bytes, path, budget, std::move(backing), *unread)
+                             : detail::read_torch_archive(bytes, path, budget, std::move(backing));
   } else {
     fail_checkpoint(path, bytes.size() < 22 ? "is truncated (shorter than a zip directory)"
                                  : "is not a loom checkpoint (neither a torch zip archive nor loom's earlier format)");
@@ -394,15 +398,10 @@ checkpoint_contents detail::parse_checkpoint(std::span<const char> bytes, const 
   return contents;
 }
 
-state load_checkpoint(const std::string& path, const state& target, bool strict) {
-  // A directory is a sharded checkpoint, or ZeRO's in DeepSpeed's layout (with 'latest'); the readers say what
-  // is missing when it is neither.
-  std::error_code ec;
-  checkpoint_contents contents = !fs::is_directory(path, ec)    ? read_checkpoint(path)
-                                 : is_deepspeed_checkpoint(path) ? read_deepspeed_checkpoint(path)
-                                                                 : read_sharded_checkpoint(path);
+namespace {
 
-  // 1. Validate everything; nothing changes yet.
+// 1. Every entry of target checked against contents; nothing changes.
+void validate_contents(const std::string& path, const checkpoint_contents& contents, const state& target, bool strict) {
   const detail::parameter_names names = names_of(target);
   std::vector<std::string> problems;
   std::vector<std::string> missing;
@@ -433,7 +432,12 @@ state load_checkpoint(const std::string& path, const state& target, bool strict)
     for (std::size_t i = 0; i < problems.size(); ++i) message += (i ? "; " : "") + problems[i];
     fail_checkpoint(path, message);
   }
+}
 
+// 2. and 3.: contents (validated) loaded into target; the entries target did
+// not ask for returned.
+state apply_contents(const std::string& path, const checkpoint_contents& contents, const state& target, bool strict) {
+  const detail::parameter_names names = names_of(target);
   // 2. Entries whose load can still fail go first, each after a snapshot.
   std::vector<std::pair<detail::entry_io*, c10::IValue>> undo;
   for (const auto& entry : target.entries()) {
@@ -470,6 +474,93 @@ state load_checkpoint(const std::string& path, const state& target, bool strict)
     if (!target.contains(name)) remainder.add(state_entry(name, item.value()));
   }
   return remainder;
+}
+
+// Every rank learns whether every rank read and validated its part; a
+// failure anywhere throws on every rank (a failed rank its own error), so
+// no rank loads unless all do.
+void agree_to_load(const std::string& path, const std::exception_ptr& failure, comm::process_group& group) {
+  if (!group.valid() || group.size() == 1) {
+    if (failure) std::rethrow_exception(failure);
+    return;
+  }
+  const at::Tensor mine = at::full({1}, failure ? 1 : 0, at::TensorOptions().dtype(at::kLong)).to(group.device());
+  const at::Tensor everyone = group.all_gather_stacked(mine).to(at::kCPU).reshape({-1});
+  if (failure) std::rethrow_exception(failure);
+  std::string failed;
+  for (std::int64_t r = 0; r < everyone.numel(); ++r) {
+    if (everyone[r].item<std::int64_t>() != 0) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (!failed.empty()) {
+    fail_checkpoint(path, "rank(s) " + failed + " could not read or check their part of it (their errors say "
+                          "why); nothing was changed on any rank");
+  }
+}
+
+}  // namespace
+
+state load_checkpoint(const std::string& path, const state& target, bool strict) {
+  // A directory is a sharded checkpoint, or ZeRO's in DeepSpeed's layout (with 'latest'); the readers say what
+  // is missing when it is neither.
+  std::error_code ec;
+  const checkpoint_contents contents = !fs::is_directory(path, ec)    ? read_checkpoint(path)
+                                       : is_deepspeed_checkpoint(path) ? read_deepspeed_checkpoint(path)
+                                                                       : read_sharded_checkpoint(path);
+  validate_contents(path, contents, target, strict);
+  return apply_contents(path, contents, target, strict);
+}
+
+namespace {
+
+// The live tensors a load of target's parts reads into: each module's
+// parameters named in mine (their data is this rank's part), and each
+// optimizer's per-parameter state of them, by (entry, name, field).
+using live_tensors = std::map<std::tuple<std::string, std::string, std::string>, at::Tensor>;
+live_tensors live_parts(const state& target, const rank_parts& mine) {
+  live_tensors live;
+  const detail::parameter_names names = names_of(target);
+  for (const auto& entry : target.entries()) {
+    if (const torch::nn::Module* module = entry.io().module()) {
+      for (const auto& item : module->named_parameters()) {
+        if (mine.count(item.key())) live[{entry.name(), item.key(), ""}] = item.value().detach();
+      }
+    } else if (torch::optim::Optimizer* optimizer = entry.io().optimizer()) {
+      detail::for_each_state_tensor(*optimizer, [&](const at::Tensor& parameter, std::string_view field,
+                                                     at::Tensor& value) {
+        const auto name = names.name_of(parameter);
+        if (name && mine.count(*name) && value.defined()) live[{entry.name(), *name, std::string(field)}] = value;
+      });
+    }
+  }
+  return live;
+}
+
+}  // namespace
+
+state load_local_parts(const std::string& path, const state& target, const rank_parts& mine, bool strict,
+                       comm::process_group& group) {
+  std::exception_ptr failure;
+  try {
+    const checkpoint_contents checked = read_local_parts(path, mine, {.verify_only = true});
+    validate_contents(path, checked, target, strict);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  agree_to_load(path, failure, group);
+  const live_tensors live = live_parts(target, mine);
+  local_read into_live;
+  into_live.into = [&live](const std::string& entry, const std::string& name, const std::string& field) {
+    auto found = live.find({entry, name, field});
+    return found == live.end() ? at::Tensor() : found->second;
+  };
+  checkpoint_contents contents;
+  try {
+    contents = read_local_parts(path, mine, into_live);
+  } catch (const checkpoint_error& error) {
+    throw checkpoint_error(std::string(error.what()) + " (on the second read: it was checked whole before the "
+                           "load, so it changed meanwhile, and this rank's state is partly loaded; load again)");
+  }
+  return apply_contents(path, contents, target, strict);
 }
 
 // ---------------------------------------------------------------------------

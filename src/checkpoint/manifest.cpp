@@ -104,14 +104,46 @@ listed_file listed_entry(const c10::IValue& item, const std::string& index_path)
 
 }  // namespace
 
-std::vector<std::pair<std::string, checkpoint_contents>> read_listed(const confined_directory& directory,
-                                                                     const checkpoint_contents& index,
-                                                                     const fs::path& index_path, bool map_files) {
-  const std::string index_name = index_path.filename().string();
+std::vector<listed_file> listed_files(const checkpoint_contents& index, const fs::path& index_path) {
   auto listed = index.entries.find(files_key);
   if (listed == index.entries.end() || !listed->value().isList()) {
     fail_checkpoint(index_path.string(), "does not list the other files (not a loom multi-file checkpoint's index)");
   }
+  std::vector<listed_file> files;
+  for (const auto& item : listed->value().toListRef()) files.push_back(listed_entry(item, index_path.string()));
+  return files;
+}
+
+file_bytes open_listed(const confined_directory& directory, const listed_file& file, const checkpoint_contents& index,
+                       const fs::path& index_path, bool map_file) {
+  const std::string index_name = index_path.filename().string();
+  auto loaded = directory.load(file.name, map_file);
+  if (!loaded) {
+    fail_checkpoint(directory.path(), "is missing " + file.name + ", which " + index_name + " lists (a job of " +
+                                          std::to_string(index.metadata.world_size) +
+                                          " ranks wrote it); nothing was changed");
+  }
+  const std::size_t size = loaded->bytes().size();
+  if (static_cast<std::int64_t>(size) != file.bytes) {
+    fail_checkpoint(directory.path_of(file.name), "has " + std::to_string(size) + " bytes, " + index_name + " says " +
+                                                      std::to_string(file.bytes) + " (torn or replaced); nothing was changed");
+  }
+  return std::move(*loaded);
+}
+
+void check_same_save(const checkpoint_contents& contents, const checkpoint_contents& index, const std::string& path,
+                     const fs::path& index_path) {
+  if (contents.metadata.world_size != index.metadata.world_size) {
+    fail_checkpoint(path, "was written by a job of " + std::to_string(contents.metadata.world_size) + " ranks, " +
+                              index_path.filename().string() + " by one of " +
+                              std::to_string(index.metadata.world_size) + " (files of two saves mixed)");
+  }
+}
+
+std::vector<std::pair<std::string, checkpoint_contents>> read_listed(const confined_directory& directory,
+                                                                     const checkpoint_contents& index,
+                                                                     const fs::path& index_path, bool map_files) {
+  const std::string index_name = index_path.filename().string();
   // Each file read onto the heap, or mapped (then its tensors lie over its pages).
   struct listed_bytes {
     std::string path;
@@ -119,21 +151,9 @@ std::vector<std::pair<std::string, checkpoint_contents>> read_listed(const confi
   };
   // Every file is checked (present, size, CRC32) before any is parsed.
   std::vector<listed_bytes> files;
-  for (const auto& item : listed->value().toListRef()) {
-    const listed_file file = listed_entry(item, index_path.string());
-    const std::string& name = file.name;
-    auto loaded = directory.load(name, map_files);
-    if (!loaded) {
-      fail_checkpoint(directory.path(), "is missing " + name + ", which " + index_name + " lists (a job of " +
-                                            std::to_string(index.metadata.world_size) +
-                                            " ranks wrote it); nothing was changed");
-    }
-    listed_bytes found{directory.path_of(name), std::move(*loaded)};
+  for (const listed_file& file : listed_files(index, index_path)) {
+    listed_bytes found{directory.path_of(file.name), open_listed(directory, file, index, index_path, map_files)};
     const std::span<const char> bytes = found.file.bytes();
-    if (static_cast<std::int64_t>(bytes.size()) != file.bytes) {
-      fail_checkpoint(found.path, "has " + std::to_string(bytes.size()) + " bytes, " + index_name + " says " +
-                                      std::to_string(file.bytes) + " (torn or replaced); nothing was changed");
-    }
     if (!crc_matches(bytes.data(), bytes.size(), static_cast<std::uint32_t>(file.crc32))) {
       fail_checkpoint(found.path, "does not match the CRC32 " + index_name + " recorded (corrupted); nothing was changed");
     }
@@ -147,11 +167,7 @@ std::vector<std::pair<std::string, checkpoint_contents>> read_listed(const confi
     // The parse checked every record's CRC32: its pages go back too.
     if (file.file.mapped) drop_mapped_pages(file.file.bytes().data(), file.file.bytes().size());
     file.file = {};  // the tensors hold the mapping
-    if (contents.metadata.world_size != index.metadata.world_size) {
-      fail_checkpoint(file.path, "was written by a job of " + std::to_string(contents.metadata.world_size) +
-                                     " ranks, " + index_name + " by one of " + std::to_string(index.metadata.world_size) +
-                                     " (files of two saves mixed)");
-    }
+    check_same_save(contents, index, file.path, index_path);
     out.emplace_back(fs::path(file.path).filename().string(), std::move(contents));
   }
   return out;

@@ -56,6 +56,18 @@ std::vector<listed_file> gather_listed(comm::process_group& group, const std::ve
 // The list as an index stores it under files_key.
 c10::IValue listed_value(const std::vector<listed_file>& files);
 
+// The files the index (read from index_path) lists, each entry checked.
+std::vector<listed_file> listed_files(const checkpoint_contents& index, const std::filesystem::path& index_path);
+// One of them, present in directory (a regular file of the directory
+// itself) and of the size listed; read, or mapped. Its CRC32 is the
+// caller's to check: over the whole file (read_listed), or record by record
+// over what a rank reads of it (local_parts.cpp).
+file_bytes open_listed(const confined_directory& directory, const listed_file& file, const checkpoint_contents& index,
+                       const std::filesystem::path& index_path, bool map_file);
+// A listed file's contents come from the index's save (same world size).
+void check_same_save(const checkpoint_contents& contents, const checkpoint_contents& index, const std::string& path,
+                     const std::filesystem::path& index_path);
+
 // The files index (read from index_path) lists in directory: each checked
 // (a regular file of the directory itself, its size, its CRC32) before any
 // is parsed, then parsed; each must have been written by a job of the

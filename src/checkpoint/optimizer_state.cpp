@@ -273,6 +273,10 @@ void load(const Family& family, const c10::IValue& value, torch::optim::Optimize
       continue;
     }
     const auto entry = found->value().toGenericDict();
+    // The state this replaces: a field read in place into it is kept as it is.
+    auto* const previous = optimizer.state().count(slot) != 0
+                               ? dynamic_cast<state_type*>(optimizer.state().at(slot).get())
+                               : nullptr;
     auto made = std::make_unique<state_type>();
     if (family.step != nullptr) {
       if (auto step = entry.find("step"); step != entry.end()) {
@@ -290,7 +294,13 @@ void load(const Family& family, const c10::IValue& value, torch::optim::Optimize
       const at::Tensor saved = it->value().toTensor();
       auto options = parameter.options();
       if (state_dtype_override.has_value() && saved.is_floating_point()) options = options.dtype(*state_dtype_override);
-      field(*made) = saved.to(options, /*non_blocking=*/false, /*copy=*/true);
+      // The state's own tensor, read into in place (a rank's load of its
+      // parts) and of the state's dtype and device, is kept; any other is
+      // copied, so no two states share memory.
+      const bool in_place = previous != nullptr && field(*previous).defined() && field(*previous).is_same(saved) &&
+                            saved.scalar_type() == c10::typeMetaToScalarType(options.dtype()) &&
+                            saved.device() == options.device();
+      field(*made) = in_place ? saved : saved.to(options, /*non_blocking=*/false, /*copy=*/true);
     }
     optimizer.state()[slot] = std::move(made);
   }

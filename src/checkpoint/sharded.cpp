@@ -107,6 +107,69 @@ bool is_optimizer_dict(const c10::IValue& value) {
 
 }  // namespace
 
+c10::impl::GenericDict detail::rebuild_split_tensors(const c10::impl::GenericDict& entries, const split_test& is_split,
+                                                     const split_maker& make) {
+  c10::impl::GenericDict out(c10::StringType::get(), c10::AnyType::get());
+  auto entry_of = [](const checkpoint_contents& rank, const std::string& entry) {
+    auto found = rank.entries.find(entry);
+    return found == rank.entries.end() ? c10::IValue() : found->value();
+  };
+  for (const auto& item : entries) {
+    const std::string entry = item.key().toStringRef();
+    const c10::IValue& value = item.value();
+    if (entry == files_key) continue;
+    if (is_optimizer_dict(value)) {
+      // torch.optim's layout, keyed by parameter name: each per-parameter
+      // state tensor of a split parameter made anew; scalars (step) kept.
+      auto dict = value.toGenericDict().copy();
+      auto state = dict.at("state").toGenericDict().copy();
+      for (const auto& per : value.toGenericDict().at("state").toGenericDict()) {
+        if (!per.key().isString() || !per.value().isGenericDict()) continue;
+        const std::string name = per.key().toStringRef();
+        auto fields = per.value().toGenericDict().copy();
+        for (const auto& field : per.value().toGenericDict()) {
+          if (!field.key().isString()) continue;  // a forged file's (found by fuzzing)
+          const std::string key = field.key().toStringRef();
+          if (!is_split(name, field.value(), split_place::optimizer_state)) continue;
+          fields.insert_or_assign(key, make({entry, name, key, split_place::optimizer_state},
+                                            "'" + entry + "' state '" + key + "' of '" + name + "'",
+                                            [&](const checkpoint_contents& rank) -> c10::IValue {
+                                              const c10::IValue o = entry_of(rank, entry);
+                                              if (!is_optimizer_dict(o)) return {};
+                                              const auto s = o.toGenericDict().at("state").toGenericDict();
+                                              auto f = s.find(name);
+                                              if (f == s.end() || !f->value().isGenericDict()) return {};
+                                              auto g = f->value().toGenericDict().find(key);
+                                              return g == f->value().toGenericDict().end() ? c10::IValue() : g->value();
+                                            }));
+        }
+        state.insert_or_assign(per.key(), fields);
+      }
+      dict.insert_or_assign("state", state);
+      out.insert(entry, dict);
+    } else if (value.isGenericDict()) {
+      // A module's state dict (or a dict keyed by parameter name).
+      auto dict = value.toGenericDict().copy();
+      for (const auto& field : value.toGenericDict()) {
+        if (!field.key().isString()) continue;
+        const std::string name = field.key().toStringRef();
+        if (!is_split(name, field.value(), split_place::state_dict)) continue;
+        dict.insert_or_assign(field.key(), make({entry, name, "", split_place::state_dict}, "'" + entry + "." + name + "'",
+                                                [&](const checkpoint_contents& rank) -> c10::IValue {
+                                                  const c10::IValue m = entry_of(rank, entry);
+                                                  if (!m.isGenericDict()) return {};
+                                                  auto f = m.toGenericDict().find(name);
+                                                  return f == m.toGenericDict().end() ? c10::IValue() : f->value();
+                                                }));
+      }
+      out.insert(entry, dict);
+    } else {
+      out.insert(entry, value);
+    }
+  }
+  return out;
+}
+
 // The full contents from every rank's: sharded tensors concatenated, the
 // rest taken from rank 0's file.
 checkpoint_contents detail::merge_shards(std::vector<checkpoint_contents>& ranks, const std::string& path,
@@ -116,8 +179,18 @@ checkpoint_contents detail::merge_shards(std::vector<checkpoint_contents>& ranks
   out.metadata.shards.clear();
   out.metadata.global_rank = 0;
   const shard_layout& layout = ranks.front().metadata.shards;
-  auto merged_tensor = [&](const std::string& name, const std::string& what,
-                           const std::function<c10::IValue(const checkpoint_contents&)>& find) -> at::Tensor {
+  const split_test is_split = [&](const std::string& name, const c10::IValue& value, split_place place) {
+    auto range = layout.find(name);
+    if (range == layout.end()) return false;
+    if (place == split_place::state_dict) return true;
+    // The parameter's slice, flat (sharded engines) or shaped (a
+    // tensor-parallel chunk kept whole); scalars (step) are kept.
+    return value.isTensor() && value.toTensor().dim() > 0 &&
+           value.toTensor().numel() == range->second.end - range->second.begin;
+  };
+  const split_maker merged = [&](const split_site& site, const std::string& what,
+                                 const tensor_finder& find) -> c10::IValue {
+    const std::string& name = site.name;
     std::vector<piece> pieces;
     for (const auto& rank : ranks) {
       auto found = rank.metadata.shards.find(name);
@@ -151,71 +224,7 @@ checkpoint_contents detail::merge_shards(std::vector<checkpoint_contents>& ranks
     }
     return assemble(std::move(pieces), range, what, path);
   };
-  auto entry_of = [](const checkpoint_contents& rank, const std::string& entry) {
-    auto found = rank.entries.find(entry);
-    return found == rank.entries.end() ? c10::IValue() : found->value();
-  };
-  for (const auto& item : ranks.front().entries) {
-    const std::string entry = item.key().toStringRef();
-    const c10::IValue& value = item.value();
-    if (entry == files_key) continue;
-    if (is_optimizer_dict(value)) {
-      // torch.optim's layout, keyed by parameter name: each per-parameter
-      // state tensor with the slice's shape is concatenated; scalars (step) kept.
-      auto dict = value.toGenericDict().copy();
-      auto state = dict.at("state").toGenericDict().copy();
-      for (const auto& per : value.toGenericDict().at("state").toGenericDict()) {
-        if (!per.key().isString() || !per.value().isGenericDict()) continue;
-        const std::string name = per.key().toStringRef();
-        auto range = layout.find(name);
-        if (range == layout.end()) continue;
-        auto fields = per.value().toGenericDict().copy();
-        for (const auto& field : per.value().toGenericDict()) {
-          if (!field.key().isString()) continue;  // a forged file's (found by fuzzing)
-          const std::string key = field.key().toStringRef();
-          // The parameter's slice, flat (sharded engines) or shaped (a
-          // tensor-parallel chunk kept whole); scalars (step) are kept.
-          if (!field.value().isTensor() || field.value().toTensor().dim() == 0 ||
-              field.value().toTensor().numel() != range->second.end - range->second.begin) {
-            continue;
-          }
-          fields.insert_or_assign(key, merged_tensor(name, "'" + entry + "' state '" + key + "' of '" + name + "'",
-                                                     [&](const checkpoint_contents& rank) -> c10::IValue {
-                                                       const c10::IValue o = entry_of(rank, entry);
-                                                       if (!is_optimizer_dict(o)) return {};
-                                                       const auto s = o.toGenericDict().at("state").toGenericDict();
-                                                       auto f = s.find(name);
-                                                       if (f == s.end() || !f->value().isGenericDict()) return {};
-                                                       auto g = f->value().toGenericDict().find(key);
-                                                       return g == f->value().toGenericDict().end() ? c10::IValue()
-                                                                                                    : g->value();
-                                                     }));
-        }
-        state.insert_or_assign(per.key(), fields);
-      }
-      dict.insert_or_assign("state", state);
-      out.entries.insert(entry, dict);
-    } else if (value.isGenericDict()) {
-      // A module's state dict: its sharded parameters concatenated.
-      auto dict = value.toGenericDict().copy();
-      for (const auto& field : value.toGenericDict()) {
-        if (!field.key().isString()) continue;
-        const std::string name = field.key().toStringRef();
-        if (!layout.count(name)) continue;
-        dict.insert_or_assign(field.key(), merged_tensor(name, "'" + entry + "." + name + "'",
-                                                         [&](const checkpoint_contents& rank) -> c10::IValue {
-                                                           const c10::IValue m = entry_of(rank, entry);
-                                                           if (!m.isGenericDict()) return {};
-                                                           auto f = m.toGenericDict().find(name);
-                                                           return f == m.toGenericDict().end() ? c10::IValue()
-                                                                                               : f->value();
-                                                         }));
-      }
-      out.entries.insert(entry, dict);
-    } else {
-      out.entries.insert(entry, value);
-    }
-  }
+  out.entries = rebuild_split_tensors(ranks.front().entries, is_split, merged);
   return out;
 }
 

@@ -389,7 +389,10 @@ void read_folder_and_version(torch_zip& zip, const char* data, const std::string
 }
 
 // Fills zip (whose containers the budget charges) from the file's bytes.
-void read_torch_zip(std::span<const char> bytes, const std::string& path, structure_budget& budget, torch_zip& zip) {
+// check_storages false: the storage records (data/<key>) are left for a
+// ranged reader to check as it reads them; the others are checked here.
+void read_torch_zip(std::span<const char> bytes, const std::string& path, structure_budget& budget, torch_zip& zip,
+                    bool check_storages = true) {
   const char* data = bytes.data();
   const zip_directory directory = find_directory(data, bytes.size(), path);
   try {
@@ -404,7 +407,9 @@ void read_torch_zip(std::span<const char> bytes, const std::string& path, struct
                               " entries, and " + error.what());
   }
   read_folder_and_version(zip, data, path);
+  const std::string storages = zip.folder + "data/";
   for (const auto& record : zip.records) {
+    if (!check_storages && record.name.starts_with(storages)) continue;
     if (!crc_matches(data + record.start, record.bytes, record.crc)) {
       fail_checkpoint(path, "is corrupted (CRC32 mismatch) in record '" + std::string(record.name) + "'");
     }
@@ -428,10 +433,12 @@ c10::IValue read_torch_archive(std::span<const char> bytes, const std::string& p
   return read_torch_archive(bytes, path, budget, nullptr);
 }
 
-c10::IValue read_torch_archive(std::span<const char> bytes, const std::string& path, structure_budget& budget,
-                               std::shared_ptr<const void> backing) {
+namespace {
+
+c10::IValue read_archive(std::span<const char> bytes, const std::string& path, structure_budget& budget,
+                         std::shared_ptr<const void> backing, unread_records* unread) {
   torch_zip zip(budget);
-  read_torch_zip(bytes, path, budget, zip);
+  read_torch_zip(bytes, path, budget, zip, /*check_storages=*/unread == nullptr);
   try {
     if (zip.find("constants.pkl") != nullptr) {
       fail_checkpoint(path, "is a LibTorch archive (torch::save(module or optimizer, path)), not a checkpoint; read it with "
@@ -471,12 +478,19 @@ c10::IValue read_torch_archive(std::span<const char> bytes, const std::string& p
       position += count;
       return count;
     };
-    tensor_records records([&zip, &bytes, &path, &backing](const std::string& name) {
+    tensor_records records([&zip, &bytes, &path, &backing, unread](const std::string& name) {
       const zip_record* record = zip.find("data/" + name);
       if (record == nullptr) {
         fail_checkpoint(path, "record data.pkl names a storage record 'data/" + name + "' the archive does not hold");
       }
       char* start = const_cast<char*>(bytes.data()) + record->start;
+      if (unread != nullptr && record->bytes > 0) {
+        // Left unread: nothing computes on these pages (a ranged reader reads the bytes).
+        (*unread)[start] = {std::string(record->name), record->start, record->bytes, record->crc};
+        auto* hold = new std::shared_ptr<const void>(backing);
+        at::DataPtr over(start, hold, &release_backing, c10::Device(c10::kCPU));
+        return std::make_tuple(std::move(over), static_cast<std::size_t>(record->bytes));
+      }
       if (backing && record->bytes > 0 && reinterpret_cast<std::uintptr_t>(start) % alignof(std::max_align_t) == 0) {
         // Over the backing's pages (a copy-on-write mapping), which live as long as a storage does.
         auto* hold = new std::shared_ptr<const void>(backing);
@@ -500,6 +514,19 @@ c10::IValue read_torch_archive(std::span<const char> bytes, const std::string& p
   } catch (const std::exception& error) {
     fail_checkpoint(path, std::string("cannot be decoded: ") + error.what());
   }
+}
+
+}  // namespace
+
+c10::IValue read_torch_archive(std::span<const char> bytes, const std::string& path, structure_budget& budget,
+                               std::shared_ptr<const void> backing) {
+  return read_archive(bytes, path, budget, std::move(backing), nullptr);
+}
+
+c10::IValue read_torch_archive_structure(std::span<const char> bytes, const std::string& path,
+                                         structure_budget& budget, std::shared_ptr<const void> backing,
+                                         unread_records& unread) {
+  return read_archive(bytes, path, budget, std::move(backing), &unread);
 }
 
 }  // namespace loom::detail

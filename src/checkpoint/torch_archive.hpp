@@ -7,10 +7,12 @@
 #include <ATen/core/ivalue.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace loom::detail {
@@ -54,6 +56,24 @@ c10::IValue read_torch_archive(std::span<const char> bytes, const std::string& p
 // must then be writable copy-on-write pages (mapped_file).
 c10::IValue read_torch_archive(std::span<const char> bytes, const std::string& path, structure_budget& budget,
                                std::shared_ptr<const void> backing = nullptr);
+// A storage record read_torch_archive_structure left unread: the record's
+// name, where its bytes lie in the file, and the CRC32 the zip directory
+// gives them; keyed by the storage's first byte in the mapping (the data
+// pointer of every tensor over it).
+struct unread_record {
+  std::string name;
+  std::uint64_t offset = 0, bytes = 0;
+  std::uint32_t crc = 0;
+};
+using unread_records = std::unordered_map<const void*, unread_record>;
+// The archive's structure without its tensors' bytes (a rank that reads
+// only its parts, local_parts.cpp): the zip walk and every record but the
+// storages are checked as above; each storage lies over bytes (a mapped
+// file), untouched whatever its alignment, and is listed in unread. Nothing
+// may compute on those tensors: their bytes are unverified.
+c10::IValue read_torch_archive_structure(std::span<const char> bytes, const std::string& path,
+                                         structure_budget& budget, std::shared_ptr<const void> backing,
+                                         unread_records& unread);
 // The deleter of the storages that lie over a backing, and whether a
 // tensor's storage is one of them (its pages are a mapped file's).
 void release_backing(void* held);

@@ -193,4 +193,29 @@ void with_full_state(const std::vector<std::weak_ptr<fsdp_engine>>& engines,
   scope.changed = changed;
 }
 
+state load_local_state(const std::vector<std::weak_ptr<fsdp_engine>>& engines, const state& target,
+                       const std::string& path, bool strict, comm::process_group& group) {
+  at::NoGradGuard no_grad;
+  engines_in_scope scope(live_engines(engines));
+  std::unordered_map<const void*, rank_part> part_of;
+  for (const auto& where : placements_of(engines, target.modules())) {
+    if (!where.split() && !where.engine_owned) continue;
+    shard_range range = save_range(where).value_or(shard_range{0, where.chunk_numel(), where.shape});
+    part_of.emplace(where.parameter.unsafeGetTensorImpl(), rank_part{std::move(range), where.local.sizes().vec()});
+    // The parameter is its part between steps; a load writes there.
+    where.parameter.set_data(where.local);
+  }
+  rank_parts mine;
+  for (const torch::nn::Module* module : target.modules()) {
+    for (const auto& item : module->named_parameters()) {
+      if (auto found = part_of.find(item.value().unsafeGetTensorImpl()); found != part_of.end()) {
+        mine.emplace(item.key(), found->second);
+      }
+    }
+  }
+  state rest = load_local_parts(path, target, mine, strict, group);
+  scope.changed = true;
+  return rest;
+}
+
 }  // namespace loom::detail

@@ -174,17 +174,51 @@ void drop_mapped_pages(const void* data, std::size_t bytes) noexcept {
 
 mapped_file::~mapped_file() {
   if (size > 0) ::munmap(const_cast<char*>(data), size);
+  if (descriptor >= 0) ::close(descriptor);
+}
+
+void read_at(const mapped_file& file, std::uint64_t offset, char* out, std::size_t bytes, const std::string& path,
+             refuse_file refuse) {
+  std::size_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = ::pread(file.descriptor, out + done, bytes - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) refused(refuse, path, "read error (" + errno_text(errno) + ")");
+    if (n == 0) {
+      refused(refuse, path, "became shorter while it was read (" + std::to_string(bytes - done) + " bytes missing at " +
+                                std::to_string(offset + done) + ")");
+    }
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+namespace {
+
+// Maps an opened regular file, which the mapping then owns.
+std::shared_ptr<const mapped_file> map_opened(int fd, const std::string& path, refuse_file refuse) {
+  descriptor_guard guard{fd};
+  const std::size_t size = regular_size(fd, path, refuse);
+  void* data = nullptr;
+  if (size > 0) {
+    data = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+    if (data == MAP_FAILED) refused(refuse, path, "cannot be mapped (" + errno_text(errno) + ")");
+  }
+  guard.fd = -1;
+  return std::make_shared<const mapped_file>(static_cast<const char*>(data), size, fd);
+}
+
+}  // namespace
+
+std::optional<std::shared_ptr<const mapped_file>> map_regular_file(const std::string& path, refuse_file refuse) {
+  const auto file = open_regular_file(path, refuse);
+  if (!file) return std::nullopt;
+  return map_opened(file->descriptor, path, refuse);
 }
 
 std::optional<std::shared_ptr<const mapped_file>> confined_directory::map(const std::string& name) const {
   const int fd = open_entry(name);
   if (fd < 0) return std::nullopt;
-  descriptor_guard guard{fd};
-  const std::size_t size = regular_size(fd, path_of(name), refuse_);
-  if (size == 0) return std::make_shared<const mapped_file>(nullptr, 0);
-  void* data = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-  if (data == MAP_FAILED) refused(refuse_, path_of(name), "cannot be mapped (" + errno_text(errno) + ")");
-  return std::make_shared<const mapped_file>(static_cast<const char*>(data), size);
+  return map_opened(fd, path_of(name), refuse_);
 }
 
 std::optional<file_bytes> confined_directory::load(const std::string& name, bool map_file) const {

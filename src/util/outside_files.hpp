@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -44,15 +45,26 @@ std::optional<std::vector<char>> read_regular_file(const std::string& path, std:
 // the last holder lets go. Its pages are the page cache's, read when first
 // touched and given back under memory pressure: none is on the heap. A file
 // truncated by someone else while it is mapped ends the process with
-// SIGBUS, so only readers that ask for it map (loom-consolidate).
+// SIGBUS, so only readers that ask for it map (loom-consolidate, and a
+// rank's reads of its parts, which touch only the file's structure through
+// the mapping and read its tensors' bytes with read_at). The file stays
+// open meanwhile.
 struct mapped_file {
-  mapped_file(const char* data, std::size_t size) noexcept : data(data), size(size) {}
+  mapped_file(const char* data, std::size_t size, int descriptor) noexcept
+      : data(data), size(size), descriptor(descriptor) {}
   mapped_file(const mapped_file&) = delete;
   mapped_file& operator=(const mapped_file&) = delete;
   ~mapped_file();
   const char* data;
   std::size_t size;
+  int descriptor;
 };
+// The file's bytes [offset, offset + bytes) into out (pread: a file that
+// became shorter is refused, never a signal).
+void read_at(const mapped_file& file, std::uint64_t offset, char* out, std::size_t bytes, const std::string& path,
+             refuse_file refuse);
+// The file the user named, mapped; nullopt when nothing is there.
+std::optional<std::shared_ptr<const mapped_file>> map_regular_file(const std::string& path, refuse_file refuse);
 // Gives the pages under [data, data + bytes) of a mapped_file back
 // (madvise MADV_DONTNEED): the resident set shrinks, and a later read
 // faults them in again from the page cache. Only for pages never written

@@ -55,6 +55,31 @@ damage fifo "shard_1_of_2.pt: is a FIFO, not a regular file"
 cat "$WORK"/damaged_*.txt | sed "s/^/  /"
 if [ "$failed" -eq 0 ]; then pass "damaged sharded checkpoints (rank file missing, truncated, corrupted, a link out of the directory, a FIFO; meta.pt missing) are refused naming the file, nothing changed"; fi
 
+# Each rank of a sharded load reads only its parts, each record checked by
+# its CRC32: one tensor record of rank 1's file corrupted is found by rank 1
+# alone, and every rank refuses the load with its state unchanged.
+rm -rf "$WORK/damaged_part" && cp -r "$WORK/sharded_2" "$WORK/damaged_part"
+/usr/bin/python3 - "$WORK/damaged_part/shard_1_of_2.pt" > "$WORK/damaged_part.record" <<'PY'
+import struct, sys, zipfile
+path = sys.argv[1]
+with zipfile.ZipFile(path) as archive:
+    record = max((i for i in archive.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+with open(path, "r+b") as f:
+    f.seek(record.header_offset)
+    name_length, extra_length = struct.unpack("<HH", f.read(30)[26:30])
+    at = record.header_offset + 30 + name_length + extra_length + record.file_size // 2
+    f.seek(at)
+    byte = f.read(1)[0]
+    f.seek(at)
+    f.write(bytes([byte ^ 0xFF]))
+print(record.filename)
+PY
+timeout 120 "$LOOM_RUN" --strategy fsdp --devices 2 "$FSDP_WORKER" damaged_part 2 "$MARK" > "$WORK/damaged_part.out" 2>&1 ||
+  { fail "damaged_part on 2 ranks exited $?"; cat "$WORK/damaged_part.out"; }
+expect_contains "$WORK/damaged_part.out" "fsdp laws (damaged_part): world_size=2 all checks passed" \
+  "a record of rank 1's file corrupted ($(cat "$WORK/damaged_part.record")): rank 1 finds it, every rank refuses the load, state unchanged"
+sed -n 's/^law/  law/p' "$WORK/damaged_part.out"
+
 # kill -9 of a rank while it saves sharded checkpoints in a loop: what the
 # path holds afterwards is a complete checkpoint (the old or the new one).
 kill_during_saves fsdp "$FSDP_WORKER" "$WORK/killed" "$WORK/killed.tmp-*" "sharded saves"

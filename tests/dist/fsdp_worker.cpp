@@ -576,6 +576,48 @@ void law_reshard(const std::string& from) {
   }
 }
 
+// A sharded checkpoint with one tensor record of rank 1's file corrupted
+// (fsdp.sh damages a copy of the 2-rank save): rank 1 finds it by the
+// record's CRC32 as it reads its part; rank 0, which reads nothing of that
+// file's tensors, learns it before anything is loaded. Both throw, naming
+// what failed, and keep their parameters and optimizer state.
+void law_damaged_part(const std::string& path) {
+  fsdp_fabric fabric({}, loom::fsdp());
+  const int r = fabric.global_rank();
+  auto net = make_net();
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
+  auto [model, optimizer] = fabric.setup(net, adam);
+  train_steps(fabric, model, optimizer, 0, 2);
+  auto held = [&] {  // this rank's parts and its Adam state
+    std::vector<at::Tensor> out;
+    for (const auto& p : net->parameters()) out.push_back(p.detach().clone());
+    for (const auto& p : net->parameters()) {
+      const auto& state = static_cast<const torch::optim::AdamParamState&>(*adam.state().at(
+          loom::compat::optimizer_state_key(p)));
+      out.push_back(state.exp_avg().clone());
+      out.push_back(state.exp_avg_sq().clone());
+    }
+    return out;
+  };
+  const auto before = held();
+  std::string message;
+  try {
+    fabric.load(path, {{"model", model}, {"optimizer", optimizer}});
+  } catch (const loom::checkpoint_error& error) {
+    message = error.what();
+  }
+  const std::string expected = r == 1 ? "is corrupted (CRC32 mismatch) in record" : "rank(s) 1 could not read or check their part";
+  LAW_EXPECT(message.find(expected) != std::string::npos, "rank %d: expected an error naming '%s', got '%s'", r,
+             expected.c_str(), message.c_str());
+  const auto after = held();
+  bool unchanged = before.size() == after.size();
+  for (std::size_t k = 0; unchanged && k < before.size(); ++k) unchanged = torch::equal(before[k], after[k]);
+  LAW_EXPECT(unchanged, "rank %d: the failed load changed its parameters or optimizer state", r);
+  std::printf("law (damaged part) rank %d: refused, state unchanged: %s\n", r, message.c_str());
+  std::fflush(stdout);
+  fabric.barrier();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -618,6 +660,7 @@ int main(int argc, char** argv) {
         }},
        {"bf16", [](fsdp_fabric&) { law_bf16_mixed(); }},
        {"reshard", [](fsdp_fabric&) { law_reshard(test_dir() + "/sharded_2"); }},
+       {"damaged_part", [](fsdp_fabric&) { law_damaged_part(test_dir() + "/damaged_part"); }},
        {"hybrid",
         [](fsdp_fabric& fabric) {
           LAW_EXPECT(fabric.world_size() == 4, "HYBRID_SHARD runs on 2 nodes x 2 ranks, not %d ranks",

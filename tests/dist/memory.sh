@@ -3,30 +3,37 @@
 # ranks and deepspeed_stage_3 on 4 build, train, save and consolidate the
 # 16 x Linear(1024, 1024) MLP with each phase under a heap cap from its
 # formula, and equal single_device (the consolidated file byte for byte the
-# one written whole); each phase's negative control (the model built outside
-# init_module(true); parameters kept whole through the step; a full save;
-# the merged checkpoint read whole) hits its cap on one rank, and that ends
-# every rank within seconds.
+# one written whole); FULL_SHARD also loads its sharded save, the
+# consolidated file and (on 8 ranks) the 4-rank save under their caps, each
+# rank reading its parts. Each phase's negative control (the model built
+# outside init_module(true); parameters kept whole through the step; a full
+# save; the merged checkpoint read whole; the checkpoint read whole by every
+# rank to load it) hits its cap on one rank, and that ends every rank within
+# seconds.
 set -eu
 # shellcheck source=tests/dist/common.sh
 . "$(dirname "$0")/common.sh"
 MEMORY_WORKER=$(realpath "$3")
+# The saves go to this test's directory, removed with it (0.6 GB a run).
+export LOOM_TEST_DIR="$WORK"
 # glibc's mmap threshold, fixed: freed blocks go back to the system, so the
 # printed VmHWM follows the heap (with the default, dynamic threshold glibc
 # keeps them resident: 3x the heap's peak here). The caps count the heap
 # itself, whatever glibc keeps.
 export MALLOC_MMAP_THRESHOLD_=131072
 
-# capped STRATEGY N: every phase under its cap on every rank.
+# capped STRATEGY N [RESHARD_FROM]: every phase under its cap on every rank.
 capped() {
   out="$WORK/capped_$1_$2"
   status=0
-  timeout 150 "$MEMORY_WORKER" "$1" capped "$2" "$MARK" > "$out" 2>&1 || status=$?
+  timeout 150 "$MEMORY_WORKER" "$1" capped "$2" "$MARK" ${3:+"$3"} > "$out" 2>&1 || status=$?
   if [ $status -eq 77 ]; then skip "$(cat "$out")"; return; fi
   if [ $status -ne 0 ]; then fail "$1 on $2 ranks under the caps exited $status"; sed 's/^/    /' "$out" | tail -n 30; return; fi
   expect_contains "$out" "memory caps ($1, capped): world_size=$2 all checks passed" \
-    "$1 on $2 ranks: build, step, sharded save and consolidate under their caps, equal to single_device"
-  sed -n 's/^\(phase\|law\)/  \1/p' "$out"
+    "$1 on $2 ranks: build, step, sharded save, consolidate and the loads under their caps, equal to single_device"
+  sed -n 's/^\(phase\|law\|  read\)/  \1/p' "$out"
+  # The 4-rank FULL_SHARD save stays for the 8-rank run to reshard.
+  if [ "$1_$2" = fsdp_4 ]; then mv "$WORK/memory_fsdp_capped_4" "$WORK/reshard_from_4"; fi
   rm -rf "$WORK"/memory_*  # the saves: 0.6 GB a run
 }
 
@@ -56,10 +63,13 @@ control fsdp 4 control_build
 control fsdp 4 control_step
 control fsdp 4 control_save
 control fsdp 4 control_consolidate
+control fsdp 4 control_load
+control fsdp 4 control_full_load
 capped zero3 4
 control zero3 4 control_build
 control zero3 4 control_step
 control zero3 4 control_consolidate
-capped fsdp 8
+capped fsdp 8 "$WORK/reshard_from_4"
+rm -rf "$WORK/reshard_from_4"
 expect_no_leftovers "memory"
 finish

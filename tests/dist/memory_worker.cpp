@@ -14,6 +14,11 @@
 //   sharded save   16Ψ/N: the rank's state, written from its own tensors
 //   consolidate    16Ψ/N + the largest tensor (one weight, 4 MiB): rank 0,
 //                  holding its state, makes one file of the save
+//   load, full load, reshard  16Ψ/N + one read buffer (4 MiB): each rank
+//                  reads its parts of the sharded save, of the consolidated
+//                  file, and of a save from another world size (RESHARD_FROM)
+//                  straight into the state it holds (fsdp; ZeRO-3's
+//                  DeepSpeed layout is read whole, measured only)
 // The margin, 6 MiB, covers what no formula names (module objects, Gloo's
 // buffers for a message that arrives before its receive is posted (up to
 // 2 MiB seen at N = 8), the optimizer's temporaries of one shard, a save's
@@ -26,7 +31,10 @@
 //   control_save   a full save (state_dict_type full, fsdp), which gathers
 //                  the parameters and optimizer state onto rank 0;
 //   control_consolidate  the merged checkpoint read whole, then written
-//                  (read_sharded_checkpoint + write_checkpoint).
+//                  (read_sharded_checkpoint + write_checkpoint);
+//   control_load, control_full_load  the checkpoint read whole on every
+//                  rank (read_sharded_checkpoint, read_checkpoint), as every
+//                  load did before per-rank reads.
 // A control caps one rank only: that rank's refusal must end every rank
 // within seconds (the collectives' timeout here is 5 s; 30 s in the real
 // runs), not leave the others waiting for it.
@@ -34,10 +42,10 @@
 // equal one process's (single_device, batch B) within the laws' tolerance.
 //
 // `uncapped` measures the same phases without caps (docs/fsdp.md's table),
-// `uncapped_full` with full saves (fsdp). The load is measured, not capped:
-// it still reads every rank file and loads at full size.
+// `uncapped_full` with full saves (fsdp).
 //
-//   memory_worker fsdp|zero3 capped|uncapped|uncapped_full|control_build|control_step|control_save|control_consolidate N MARK
+//   memory_worker fsdp|zero3 capped|uncapped|uncapped_full|control_build|control_step|control_save|
+//                 control_consolidate|control_load|control_full_load N MARK [RESHARD_FROM]
 #include "../allocation_counter.hpp"
 #include "strategy_laws.hpp"
 
@@ -46,6 +54,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <set>
@@ -175,13 +184,37 @@ bool files_equal(const std::string& a, const std::string& b) {
   return first.good() == second.good() && !x.empty() && x == y;
 }
 
+// The bytes this process has read from files (read and pread: /proc/self/io's rchar).
+std::int64_t bytes_read() {
+  std::ifstream io("/proc/self/io");
+  std::string key;
+  std::int64_t value = 0;
+  while (io >> key >> value) {
+    if (key == "rchar:") return value;
+  }
+  return 0;
+}
+
+// A checkpoint's bytes on disk (a file, or a directory's files).
+std::int64_t checkpoint_bytes(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) return static_cast<std::int64_t>(std::filesystem::file_size(path, ec));
+  std::int64_t total = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(path, ec)) {
+    if (entry.is_regular_file(ec)) total += static_cast<std::int64_t>(entry.file_size(ec));
+  }
+  return total;
+}
+
 // Which phases this rank runs under a cap, and how the model is built.
 struct plan {
   bool empty_init = true;
-  bool build = false, step = false, save = false, consolidate = false;
+  bool build = false, step = false, save = false, consolidate = false, load = false, full_load = false,
+       reshard = false;
   bool eager_consolidate = false;  // today's path before streaming: the merged checkpoint whole in memory
-  bool measure_load = false;       // the uncapped scenarios load the save back
-  std::string checkpoint;  // where the save goes
+  bool eager_load = false;         // today's path before per-rank reads: the checkpoint read whole
+  std::string checkpoint;    // where the save goes
+  std::string reshard_from;  // a save of the same training on another number of ranks ("": none)
 };
 
 // The phases under Fabric F.
@@ -264,13 +297,36 @@ void run_phases(F& fabric, loom::counting_allocator& tensors, const plan& capped
     }
   }
 
-  // Not capped yet, measured only (docs/fsdp.md): loading the save back.
-  // Every rank reads every rank file and the state is loaded at full size.
-  if (capped.measure_load) {
-    measure.begin("load", 0, false);
-    fabric.load(path, {{"model", model}, {"optimizer", optimizer}});
-    report(fabric, "load", measure.end(), 0, false);
-  }
+  // Loads into the live state (parameters, gradients, Adam's moments), each
+  // rank reading its parts straight into it through one buffer: the save
+  // back (sharded), its consolidated file (full), and a save written on
+  // another number of ranks (reshard). Each equals what it loads.
+  const std::int64_t load_formula = 16 * psi / n + static_cast<std::int64_t>(loom::local_read_buffer_bytes);
+  auto load_phase = [&](const std::string& phase, const std::string& from, bool cap) {
+    const std::int64_t read_before = bytes_read();
+    measure.begin(phase, load_formula, cap);
+    if (capped.eager_load) {
+      // Today's path before per-rank reads: every rank read the whole checkpoint.
+      const auto whole = loom::is_sharded_checkpoint(from) ? loom::read_sharded_checkpoint(from)
+                                                           : loom::read_checkpoint(from);
+      (void)whole;
+    } else {
+      fabric.load(from, {{"model", model}, {"optimizer", optimizer}});
+    }
+    report(fabric, phase, measure.end(), load_formula, cap);
+    auto read = at::tensor({static_cast<double>(bytes_read() - read_before)}, at::kDouble);
+    read = fabric.all_reduce(read, loom::reduce_op::max);
+    if (r == 0) {
+      std::printf("  read by a rank at most %8.2f MiB of the checkpoint's %8.2f MiB (each needed record read twice: "
+                  "checked, then into the state)\n",
+                  read.template item<double>() / (1 << 20), mib(checkpoint_bytes(from)));
+      std::fflush(stdout);
+    }
+  };
+  const bool consolidated = loom::is_sharded_checkpoint(path) || loom::is_deepspeed_checkpoint(path);
+  if (consolidated) load_phase("load", path, capped.load);
+  load_phase("full_load", consolidated ? path + ".pt" : path, capped.full_load);
+  if (!capped.reshard_from.empty()) load_phase("reshard", capped.reshard_from, capped.reshard);
 
   // Uncapped: the gathered parameters against one process with batch B.
   current = {"check", 0};
@@ -306,13 +362,15 @@ loom::Fabric<loom::cpu, Strategy, loom::fp32> make_fabric(Strategy strategy) {
 int main(int argc, char** argv) {
   auto& tensors = loom::install_counting_allocator();
   if (argc < 4) {
-    std::fprintf(stderr, "usage: memory_worker fsdp|zero3 capped|uncapped|uncapped_full|control_build|control_step|control_save|control_consolidate N [MARK]\n");
+    std::fprintf(stderr, "usage: memory_worker fsdp|zero3 capped|uncapped|uncapped_full|control_build|control_step|"
+                         "control_save|control_consolidate|control_load|control_full_load N [MARK [RESHARD_FROM]]\n");
     return 2;
   }
   const std::string which = argv[1];
   const std::string scenario = argv[2];
-  const std::set<std::string> scenarios{"capped",       "uncapped",     "uncapped_full",      "control_build",
-                                        "control_step", "control_save", "control_consolidate"};
+  const std::set<std::string> scenarios{"capped",       "uncapped",          "uncapped_full", "control_build",
+                                        "control_step", "control_save",      "control_consolidate",
+                                        "control_load", "control_full_load"};
   if ((which != "fsdp" && which != "zero3") || scenarios.count(scenario) == 0 ||
       (which == "zero3" && (scenario == "control_save" || scenario == "uncapped_full"))) {
     std::fprintf(stderr, "memory_worker: unknown strategy '%s' or scenario '%s'\n", which.c_str(), scenario.c_str());
@@ -335,9 +393,13 @@ int main(int argc, char** argv) {
                       .step = all || (scenario == "control_step" && last),
                       .save = all || (scenario == "control_save" && launcher.global_rank() == 0),
                       .consolidate = all || (scenario == "control_consolidate" && launcher.global_rank() == 0),
+                      .load = (all && which == "fsdp") || (scenario == "control_load" && last),
+                      .full_load = (all && which == "fsdp") || (scenario == "control_full_load" && last),
+                      .reshard = all && which == "fsdp",
                       .eager_consolidate = scenario == "control_consolidate",
-                      .measure_load = scenario == "uncapped" || scenario == "uncapped_full",
-                      .checkpoint = laws::test_dir() + "/memory_" + which + "_" + scenario + "_" + argv[3]};
+                      .eager_load = scenario == "control_load" || scenario == "control_full_load",
+                      .checkpoint = laws::test_dir() + "/memory_" + which + "_" + scenario + "_" + argv[3],
+                      .reshard_from = argc > 5 ? argv[5] : ""};
     const bool whole_parameters = scenario == "control_step";
     const auto timeout =
         std::chrono::duration_cast<std::chrono::milliseconds>(all ? capped_timeout : control_timeout);

@@ -154,6 +154,59 @@ checkpoint_contents read_deepspeed_checkpoint(const std::string& path);
 // A sharded checkpoint directory loads the same way, at full size.
 state load_checkpoint(const std::string& path, const state& target, bool strict = true);
 
+// ----------------------------------------------------------- a rank's parts
+// What this rank holds of a split parameter: the range it saves (the full
+// shape, its tensor-parallel chunk, the chunk's flat elements) and the
+// shape its part lives in.
+struct rank_part {
+  shard_range range;
+  std::vector<std::int64_t> shape;
+};
+// Parameter name -> this rank's part of it (and of its optimizer state).
+using rank_parts = std::map<std::string, rank_part>;
+
+// The bytes a rank's read of its parts holds of a file at a time.
+inline constexpr std::size_t local_read_buffer_bytes = std::size_t{4} << 20;
+
+// The checkpoint at path (a full file, a sharded directory of any world
+// size, or ZeRO's in DeepSpeed's layout) as one rank loads it: each tensor
+// of a parameter named in `mine` (in a module's state dict, in a dict keyed
+// by parameter name such as ZeRO's fp32 masters, and each per-parameter
+// optimizer state tensor) is this rank's part of it, shaped as mine says;
+// every other tensor is whole. Sharded checkpoints and full files in loom's
+// format are read record by record through one buffer of
+// local_read_buffer_bytes: only records holding elements of this rank's
+// parts are read (each whole, its CRC32 checked as it streams, only those
+// elements kept), and the unsplit state from rank 0's file; nothing of a
+// file is parsed before meta.pt's size for it is checked. ZeRO's layout and
+// loom's earlier format are read whole, then cut.
+//
+// How: verify_only reads and checks every record a part needs and copies
+// nothing (the parts are then tensors without storage, on the meta device:
+// their shape and dtype, which is what validation reads); the unsplit state
+// is read either way. into(entry, name, field) names the tensor a part is
+// read into instead of a fresh one (the live parameter's part, its live
+// optimizer state; field "" in a state dict), used when it has the part's
+// shape and dtype.
+struct local_read {
+  bool verify_only = false;
+  std::function<at::Tensor(const std::string& entry, const std::string& name, const std::string& field)> into;
+};
+checkpoint_contents read_local_parts(const std::string& path, const rank_parts& mine, const local_read& how = {});
+
+// load_checkpoint for one rank of a sharded strategy, whose split
+// parameters hold this rank's parts (`mine`). Collective over group: each
+// rank first reads what it needs with verify_only and validates it against
+// target; only when every rank did does any load, otherwise every rank
+// throws a checkpoint_error (naming the ranks that failed) and none changed
+// anything. Then each reads its parts again, straight into its parameters'
+// parts and its optimizers' state (into), so a load holds no second copy of
+// the state: the rank's state plus one buffer. A file that changes between
+// the two reads is caught by the second's CRC32s, with this rank's state then
+// partly loaded (the error says so).
+state load_local_parts(const std::string& path, const state& target, const rank_parts& mine, bool strict,
+                       comm::process_group& group);
+
 // While one lives (on this thread), loaded optimizer state that is floating
 // takes dtype instead of its parameter's (torch.optim's rule). DeepSpeed's
 // bf16 mode: the optimizer steps fp32 masters of bf16 parameters.

@@ -431,26 +431,21 @@ struct deepspeed : fsdp {
     for (master_slot* slot : slots) {
       master_slot& m = *slot;
       if (m.master.numel() == 0) continue;  // no slice of this parameter on this rank
-      at::Tensor full;
+      // The load read this rank's part of the saved master (keyed by parameter name).
+      at::Tensor part;
       if (auto name = names.find(m.param.unsafeGetTensorImpl()); name != names.end()) {
-        if (auto found = saved_masters.find(name->second); found != saved_masters.end()) full = found->second;
+        if (auto found = saved_masters.find(name->second); found != saved_masters.end()) part = found->second;
       }
-      if (!full.defined()) {
+      if (!part.defined()) {
         if (nvme_model == nullptr) m.master.copy_(m.param.detach());  // (the file's segment holds the loaded weights already)
         continue;
       }
-      // The saved master at full size: this rank's slice of it.
-      std::optional<shard_range> range;
-      for (const auto& weak : engines_) {
-        if (auto engine = weak.lock(); engine && !range) range = engine->shard_of(m.param);
-      }
-      const at::Tensor slice =
-          range ? full.reshape({-1}).narrow(0, range->begin, range->end - range->begin) : full;
-      if (slice.numel() != m.master.numel()) {
+      if (part.numel() != m.master.numel()) {
         throw checkpoint_error("deepspeed: " + path + " holds an fp32 master of '" + names.at(m.param.unsafeGetTensorImpl()) +
-                               "' with " + std::to_string(full.numel()) + " elements, which does not fit this model");
+                               "' of which this rank's part has " + std::to_string(part.numel()) +
+                               " elements, which does not fit this model");
       }
-      m.master.copy_(slice.reshape(m.master.sizes()));
+      m.master.copy_(part.reshape(m.master.sizes()));
     }
     for (std::size_t s = 0; s < file_segments.size(); ++s) nvme_model->nvme->store_shard(s, file_segments[s]);
     // (fp16 and accumulation take one model: setup refuses a second.)

@@ -124,13 +124,10 @@ struct fsdp : parallel {
     loom::save_sharded_checkpoint(path, checkpoint, metadata, detail::sharded_save_layout(checkpoint, engines_, name),
                                   group());
   }
-  // Full or sharded (told apart by load_checkpoint), written by any number
-  // of ranks: every rank reads it at full size and keeps its shards.
+  // Full or sharded, written by any number of ranks: each rank reads only
+  // its parts, in place (load_local_parts), and all ranks load or none.
   state load_checkpoint(const std::string& path, const state& checkpoint, bool strict) {
-    state rest;
-    with_full_state(checkpoint, /*write_back=*/true, /*root=*/-1,
-                    [&] { rest = loom::load_checkpoint(path, checkpoint, strict); });
-    return rest;
+    return detail::load_local_state(engines_, checkpoint, path, strict, group());
   }
 
   const fsdp_options& options() const noexcept { return options_; }

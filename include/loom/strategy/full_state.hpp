@@ -1,8 +1,10 @@
 // The full-state scope, written once for every sharded strategy: body runs
 // with every split parameter (and the optimizers' state of it) full-sized,
 // then each rank keeps its part again. fsdp's, deepspeed's and
-// model_parallel's full checkpoints and every load go through it; the
-// parameters' placements (placement.hpp) say how to gather and slice.
+// model_parallel's full checkpoints and model_parallel's loads go through
+// it; fsdp's and deepspeed's loads read each rank's parts in place
+// (load_local_state). The parameters' placements (placement.hpp) say how to
+// gather and slice.
 #pragma once
 
 #include <loom/strategy/fsdp_engine.hpp>
@@ -10,6 +12,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace loom::detail {
@@ -34,5 +37,14 @@ void with_full_state(const std::vector<std::weak_ptr<fsdp_engine>>& engines,
                      const std::vector<const torch::nn::Module*>& modules,
                      const std::vector<torch::optim::Optimizer*>& optimizers, bool write_back, bool keeps,
                      const std::function<void()>& body);
+
+// A load in place of this rank's parts (load_local_parts): every split or
+// engine-owned parameter of placements_of(engines, target's modules) keeps
+// its part, and the checkpoint's elements of it are read straight into that
+// part's shape; the optimizers' state of it comes in at the part's size.
+// Nothing is gathered and nothing full-sized is held. Collective over group;
+// all ranks load or none does.
+state load_local_state(const std::vector<std::weak_ptr<fsdp_engine>>& engines, const state& target,
+                       const std::string& path, bool strict, comm::process_group& group);
 
 }  // namespace loom::detail

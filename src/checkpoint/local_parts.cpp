@@ -1,0 +1,440 @@
+// A rank's read of its parts of a checkpoint (read_local_parts, io.hpp).
+// Each source file is mapped and only its structure (zip directory, data.pkl,
+// the small records) is touched; its tensors lie over the mapping unread.
+// Every split tensor this rank wants is allocated at its part's size, and
+// each copy into it is planned as a run of elements from one source record.
+// Then each planned record is read once, whole, through one bounded buffer
+// (pread, never a fault on the mapping): its CRC32 is computed as it
+// streams, and the planned elements are copied out of each chunk. A record
+// no part of this rank lies in is never read.
+//
+// Elements are placed by the one rule the save layout gives (shard_range):
+// a range holds flat elements [begin, end) of chunk `part` of `parts` along
+// `dim` of the full tensor. Both the source's ranges and this rank's are
+// turned into runs of the flattened full tensor, and their overlaps are the
+// copies: any world size and any tensor-parallel split to any other.
+#include <loom/checkpoint/io.hpp>
+#include <loom/errors.hpp>
+
+#include "checkpoint_bytes.hpp"
+#include "file_bytes.hpp"
+#include "manifest.hpp"
+#include "torch_archive.hpp"
+#include "../util/outside_files.hpp"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <sstream>
+
+namespace loom {
+namespace fs = std::filesystem;
+using detail::fail_checkpoint;
+
+namespace {
+
+// A file the parts come from: its contents with the tensors unread (lazy),
+// or read whole (ZeRO's layout, loom's earlier format: nothing unread).
+struct source_file {
+  std::string path;
+  std::shared_ptr<const detail::mapped_file> mapped;
+  detail::unread_records unread;
+  checkpoint_contents contents;
+};
+
+std::int64_t numel_of(const std::vector<std::int64_t>& shape) {
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::ostringstream out;
+  out << at::IntArrayRef(shape);
+  return out.str();
+}
+
+// Elements of the flattened full tensor a range holds: (index in the full
+// tensor, index in the part, count), in increasing order of both.
+struct run {
+  std::int64_t full = 0, part = 0, count = 0;
+};
+
+std::vector<run> runs_of(const shard_range& range) {
+  std::vector<run> runs;
+  if (range.begin >= range.end) return runs;
+  if (range.dim < 0 || range.parts == 1) {
+    runs.push_back({range.begin, 0, range.end - range.begin});
+    return runs;
+  }
+  const auto dim = static_cast<std::size_t>(range.dim);
+  std::int64_t inner = 1;
+  for (std::size_t d = dim + 1; d < range.shape.size(); ++d) inner *= range.shape[d];
+  const std::int64_t block = range.shape[dim] / range.parts * inner;  // the chunk's elements per outer index
+  const std::int64_t row = range.shape[dim] * inner;
+  for (std::int64_t j = range.begin; j < range.end;) {
+    const std::int64_t outer = j / block, within = j % block;
+    const std::int64_t count = std::min(block - within, range.end - j);
+    runs.push_back({outer * row + range.part * block + within, j - range.begin, count});
+    j += count;
+  }
+  return runs;
+}
+
+// Calls copy(part index, source index, count) for every overlap of two run
+// lists (each sorted by full index, without overlaps of its own).
+template <class Copy>
+void overlaps(const std::vector<run>& wanted, const std::vector<run>& held, Copy&& copy) {
+  std::size_t i = 0, j = 0;
+  while (i < wanted.size() && j < held.size()) {
+    const std::int64_t lo = std::max(wanted[i].full, held[j].full);
+    const std::int64_t wanted_end = wanted[i].full + wanted[i].count, held_end = held[j].full + held[j].count;
+    const std::int64_t hi = std::min(wanted_end, held_end);
+    if (lo < hi) copy(wanted[i].part + lo - wanted[i].full, held[j].part + lo - held[j].full, hi - lo);
+    if (wanted_end < held_end) ++i;
+    else ++j;
+  }
+}
+
+// A range read from a file, checked before anything is placed by it.
+void check_range(const shard_range& range, const std::string& name, const std::string& path) {
+  bool valid = range.dim < static_cast<std::int64_t>(range.shape.size()) && range.parts >= 1 && range.part >= 0 &&
+               range.part < range.parts;
+  std::int64_t numel = 1;
+  for (std::int64_t d : range.shape) {
+    valid = valid && d >= 0 && (d == 0 || numel <= (std::int64_t{1} << 48) / d);
+    if (valid) numel *= d;
+  }
+  if (valid && range.dim >= 0) valid = range.shape[static_cast<std::size_t>(range.dim)] % range.parts == 0;
+  const std::int64_t chunk = valid ? numel / range.parts : 0;
+  if (!valid || range.begin < 0 || range.begin > range.end || range.end > chunk) {
+    fail_checkpoint(path, "has a range for '" + name + "' ([" + std::to_string(range.begin) + ", " +
+                              std::to_string(range.end) + ") of shape " + shape_text(range.shape) +
+                              ") that lies outside its tensor");
+  }
+}
+
+// The copies planned from each unread record, then made by reading each
+// planned record once through one buffer.
+class record_plan {
+ public:
+  // count elements of `held` (over an unread record, or in memory) from
+  // element `from` of its flat view, to `to`.
+  // to == nullptr: the record is read and checked, nothing copied.
+  void copy(const source_file& file, const at::Tensor& held, std::int64_t from, std::int64_t count, char* to) {
+    if (count <= 0) return;
+    const auto item = static_cast<std::uint64_t>(held.element_size());
+    const char* first = static_cast<const char*>(held.data_ptr()) + static_cast<std::uint64_t>(from) * item;
+    const void* record = held.storage().data();
+    auto found = file.unread.find(record);
+    if (found == file.unread.end()) {  // in memory, read and checked already
+      if (to != nullptr) std::memcpy(to, first, static_cast<std::size_t>(count) * item);
+      return;
+    }
+    const auto offset = static_cast<std::uint64_t>(first - static_cast<const char*>(record));
+    planned_[{&file, record}].push_back({offset, static_cast<std::uint64_t>(count) * item, to});
+  }
+
+  // The tensor `lazy` (over an unread record of file) with its own storage,
+  // filled when the plan runs.
+  at::Tensor whole(const source_file& file, const at::Tensor& lazy) {
+    auto found = file.unread.find(lazy.storage().data());
+    if (found == file.unread.end()) return lazy;
+    const at::Tensor bytes = at::empty({static_cast<std::int64_t>(found->second.bytes)}, at::kByte);
+    planned_[{&file, found->first}].push_back({0, found->second.bytes, static_cast<char*>(bytes.data_ptr())});
+    return at::empty({0}, lazy.options()).set_(bytes.storage(), lazy.storage_offset(), lazy.sizes(), lazy.strides());
+  }
+
+  void run() {
+    std::vector<char> buffer;
+    for (auto& [where, copies] : planned_) {
+      const source_file& file = *where.first;
+      const detail::unread_record& record = file.unread.at(where.second);
+      std::sort(copies.begin(), copies.end(), [](const planned& a, const planned& b) { return a.offset < b.offset; });
+      buffer.resize(std::min<std::uint64_t>(record.bytes, local_read_buffer_bytes));
+      std::uint32_t crc = detail::crc32_of(nullptr, 0);
+      std::size_t next = 0;  // the first copy not wholly done
+      for (std::uint64_t at = 0; at < record.bytes;) {
+        const auto chunk = static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), record.bytes - at));
+        detail::read_at(*file.mapped, record.offset + at, buffer.data(), chunk, file.path, &fail_checkpoint);
+        crc = detail::crc32_update(crc, buffer.data(), chunk);
+        const std::uint64_t end = at + chunk;
+        for (std::size_t c = next; c < copies.size() && copies[c].offset < end; ++c) {
+          const planned& p = copies[c];
+          const std::uint64_t lo = std::max(p.offset, at), hi = std::min(p.offset + p.bytes, end);
+          if (lo < hi && p.to != nullptr) std::memcpy(p.to + (lo - p.offset), buffer.data() + (lo - at), hi - lo);
+          if (c == next && p.offset + p.bytes <= end) ++next;
+        }
+        at = end;
+      }
+#ifndef LOOM_FUZZING
+      if (crc != record.crc) {
+        fail_checkpoint(file.path, "is corrupted (CRC32 mismatch) in record '" + record.name + "'");
+      }
+#endif
+    }
+    planned_.clear();
+  }
+
+ private:
+  struct planned {
+    std::uint64_t offset = 0, bytes = 0;  // within the record
+    char* to = nullptr;
+  };
+  std::map<std::pair<const source_file*, const void*>, std::vector<planned>> planned_;
+};
+
+// The split tensors of a checkpoint (by name: each file's range of it) and
+// the parts this rank makes of them.
+class part_maker {
+ public:
+  part_maker(std::vector<source_file>& files, const rank_parts& mine, const local_read& how, record_plan& plan,
+             std::string path)
+      : files_(files), mine_(mine), how_(how), plan_(plan), path_(std::move(path)) {}
+
+  // Whether value (at `place`, for parameter `name`) is a split tensor: one
+  // of mine, or one the checkpoint splits; an optimizer's scalar is not.
+  bool is_split(const std::string& name, const c10::IValue& value, detail::split_place place) const {
+    const shard_range* range = saved_range(files_.front(), name);
+    if (range == nullptr && !mine_.count(name)) return false;
+    if (place == detail::split_place::state_dict) return true;
+    if (!value.isTensor() || value.toTensor().dim() == 0) return false;
+    const std::int64_t held = range != nullptr ? range->end - range->begin : value.toTensor().numel();
+    const std::int64_t full = range != nullptr ? numel_of(range->shape) : value.toTensor().numel();
+    return value.toTensor().numel() == held && (range != nullptr || numel_of(mine_.at(name).range.shape) == full);
+  }
+
+  // This rank's part of the tensor `what` names: planned from every file's
+  // piece of it that overlaps (replicas once).
+  at::Tensor make(const detail::split_site& site, const std::string& what, const detail::tensor_finder& find) {
+    const std::string& name = site.name;
+    struct held {
+      const source_file* file;
+      shard_range range;
+      at::Tensor values;
+    };
+    std::vector<held> pieces;
+    for (const source_file& file : files_) {
+      const c10::IValue value = find(file.contents);
+      const shard_range* range = saved_range(file, name);
+      if (range == nullptr) {
+        // Whole in this file: rank 0's copy serves (the others hold the same).
+        if (&file != &files_.front()) continue;
+        if (!value.isTensor()) fail_checkpoint(path_, what + " is not a tensor");
+        const at::Tensor t = value.toTensor();
+        pieces.push_back({&file, {0, t.numel(), t.sizes().vec()}, t});
+        continue;
+      }
+      if (!value.isTensor()) fail_checkpoint(file.path, what + " is missing from this rank file");
+      check_range(*range, name, file.path);
+      const at::Tensor t = value.toTensor();
+      if (t.numel() != range->end - range->begin) {
+        fail_checkpoint(file.path, "holds " + std::to_string(t.numel()) + " elements of " + what + " for the range [" +
+                                       std::to_string(range->begin) + ", " + std::to_string(range->end) + ")");
+      }
+      const bool replica = std::any_of(pieces.begin(), pieces.end(), [&](const held& p) {
+        return p.range.begin == range->begin && p.range.end == range->end && p.range.part == range->part &&
+               p.range.dim == range->dim && p.range.parts == range->parts;
+      });
+      if (!replica) pieces.push_back({&file, *range, t});
+    }
+    const std::vector<std::int64_t>& full_shape = pieces.front().range.shape;
+    for (const held& p : pieces) {
+      if (p.range.shape != full_shape || p.values.scalar_type() != pieces.front().values.scalar_type()) {
+        fail_checkpoint(path_, "its files disagree on the shape or dtype of " + what);
+      }
+    }
+    // Mine, or (a tensor this rank does not split) the whole of it.
+    rank_part wanted{{0, numel_of(full_shape), full_shape}, full_shape};
+    if (auto found = mine_.find(name); found != mine_.end()) {
+      wanted = found->second;
+      if (wanted.range.shape != full_shape) {
+        fail_checkpoint(path_, "size mismatch for " + what + ": the checkpoint has shape " + shape_text(full_shape) +
+                                   ", the model has " + shape_text(wanted.range.shape) + "; nothing was changed");
+      }
+    }
+    const at::TensorOptions options = pieces.front().values.options().device(at::kCPU);
+    at::Tensor part = destination(site, wanted.shape, options);
+    if (part.numel() != wanted.range.end - wanted.range.begin) {
+      throw std::logic_error("read_local_parts: the part of '" + name + "' has " + std::to_string(part.numel()) +
+                             " elements for a range of " + std::to_string(wanted.range.end - wanted.range.begin));
+    }
+    const std::vector<run> want = runs_of(wanted.range);
+    std::vector<std::pair<std::int64_t, std::int64_t>> covered;  // (first element, count) of the part
+    auto* const out = how_.verify_only ? nullptr : static_cast<char*>(part.data_ptr());
+    const auto item = static_cast<std::int64_t>(part.element_size());
+    for (const held& p : pieces) {
+      at::Tensor values = p.values;
+      if (!values.is_contiguous()) values = plan_.whole(*p.file, values);  // copied once read (below)
+      auto copy_to = [&, values](std::int64_t at_part, std::int64_t at_held, std::int64_t count) {
+        covered.emplace_back(at_part, count);
+        if (values.is_contiguous()) {
+          plan_.copy(*p.file, values, at_held, count, out == nullptr ? nullptr : out + at_part * item);
+        } else if (out != nullptr) {
+          later_.push_back([part, values, at_part, at_held, count] {
+            part.view({-1}).narrow(0, at_part, count).copy_(values.reshape({-1}).narrow(0, at_held, count));
+          });
+        }
+      };
+      overlaps(want, runs_of(p.range), copy_to);
+    }
+    std::sort(covered.begin(), covered.end());
+    std::int64_t reached = 0;
+    for (const auto& [first, count] : covered) {
+      if (first > reached) break;
+      reached = std::max(reached, first + count);
+    }
+    if (reached < part.numel()) {
+      fail_checkpoint(path_, "the files do not hold all of this rank's part of " + what + " (elements " +
+                                 std::to_string(reached) + " on of its " + std::to_string(part.numel()) +
+                                 " are in no file)");
+    }
+    return part;
+  }
+
+  // What waits for the records to be read (non-contiguous pieces).
+  void finish() {
+    for (auto& step : later_) step();
+    later_.clear();
+  }
+
+ private:
+  // Where a part is read to: nowhere (verify_only: shape and dtype only),
+  // the live tensor `into` names when it fits, or a fresh tensor.
+  at::Tensor destination(const detail::split_site& site, const std::vector<std::int64_t>& shape,
+                         const at::TensorOptions& options) const {
+    if (how_.verify_only) return at::empty(shape, options.device(at::kMeta));
+    if (how_.into) {
+      at::Tensor live = how_.into(site.entry, site.name, site.field);
+      if (live.defined() && live.sizes() == at::IntArrayRef(shape) && live.scalar_type() == c10::typeMetaToScalarType(options.dtype()) &&
+          live.device().is_cpu() && live.is_contiguous()) {
+        return live;
+      }
+    }
+    return at::empty(shape, options);
+  }
+
+  static const shard_range* saved_range(const source_file& file, const std::string& name) {
+    auto found = file.contents.metadata.shards.find(name);
+    return found == file.contents.metadata.shards.end() ? nullptr : &found->second;
+  }
+
+  std::vector<source_file>& files_;
+  const rank_parts& mine_;
+  const local_read& how_;
+  record_plan& plan_;
+  std::string path_;
+  std::vector<std::function<void()>> later_;
+};
+
+// Every tensor still over an unread record of file made whole (the state
+// that is not split: rank 0's copy).
+void read_the_rest(c10::IValue& value, const source_file& file, record_plan& plan) {
+  if (value.isTensor()) {
+    value = plan.whole(file, value.toTensor());
+  } else if (value.isGenericDict()) {
+    auto dict = value.toGenericDict();
+    for (auto& item : dict) {
+      c10::IValue element = item.value();
+      read_the_rest(element, file, plan);
+      item.setValue(element);
+    }
+  } else if (value.isList()) {
+    auto list = value.toList();
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      c10::IValue element = list.get(i);
+      read_the_rest(element, file, plan);
+      list.set(i, element);
+    }
+  } else if (value.isTuple()) {
+    for (auto& element : value.toTupleRef().elements()) {
+      if (element.isTensor() || element.isGenericDict() || element.isList() || element.isTuple()) {
+        c10::IValue copy = element;
+        read_the_rest(copy, file, plan);
+        if (!copy.isSameIdentity(element)) {
+          fail_checkpoint(file.path, "holds a tensor in a tuple; loom's checkpoints keep tensors in dicts and lists");
+        }
+      }
+    }
+  }
+}
+
+source_file mapped_source(std::shared_ptr<const detail::mapped_file> mapped, const std::string& path) {
+  source_file file{path, std::move(mapped), {}, {}};
+  const std::span<const char> bytes(file.mapped->data, file.mapped->size);
+  file.contents = detail::parse_checkpoint(bytes, path, file.mapped, &file.unread);
+  // Only the structure was touched: its pages go back.
+  detail::drop_mapped_pages(bytes.data(), bytes.size());
+  return file;
+}
+
+// The files of a sharded checkpoint, each checked against meta.pt's size
+// for it and parsed without its tensors; rank 0's first.
+std::vector<source_file> sharded_sources(const std::string& directory, checkpoint_contents& meta) {
+  const detail::confined_directory root(directory, &fail_checkpoint);
+  const fs::path meta_path = root.path_of("meta.pt");
+  auto meta_bytes = root.read("meta.pt");
+  if (!meta_bytes) {
+    fail_checkpoint(directory, "is a directory without meta.pt (a loom sharded checkpoint) or latest (a ZeRO "
+                               "checkpoint in DeepSpeed's layout): neither, or a save that did not finish");
+  }
+  meta = detail::parse_checkpoint(*meta_bytes, meta_path.string());
+  std::vector<source_file> files;
+  for (const detail::listed_file& listed : detail::listed_files(meta, meta_path)) {
+    detail::file_bytes opened = detail::open_listed(root, listed, meta, meta_path, /*map_file=*/true);
+    files.push_back(mapped_source(std::move(opened.mapped), root.path_of(listed.name)));
+    detail::check_same_save(files.back().contents, meta, files.back().path, meta_path);
+  }
+  if (files.empty()) fail_checkpoint(meta_path.string(), "lists no rank files");
+  std::stable_sort(files.begin(), files.end(), [](const source_file& a, const source_file& b) {
+    return a.contents.metadata.global_rank < b.contents.metadata.global_rank;
+  });
+  return files;
+}
+
+}  // namespace
+
+checkpoint_contents read_local_parts(const std::string& path, const rank_parts& mine, const local_read& how) {
+  std::error_code ec;
+  std::vector<source_file> files;
+  std::map<std::string, std::string> optimizer_types;
+  if (fs::is_directory(path, ec)) {
+    if (is_deepspeed_checkpoint(path)) {
+      files.push_back({path, nullptr, {}, read_deepspeed_checkpoint(path)});
+    } else {
+      checkpoint_contents meta;
+      files = sharded_sources(path, meta);
+      optimizer_types = meta.metadata.optimizer_types;
+    }
+  } else {
+    auto mapped = detail::map_regular_file(path, &fail_checkpoint);
+    if (!mapped) fail_checkpoint(path, "does not exist");
+    files.push_back(mapped_source(std::move(*mapped), path));
+  }
+  record_plan plan;
+  part_maker parts(files, mine, how, plan, path);
+  checkpoint_contents out;
+  out.metadata = files.front().contents.metadata;
+  out.metadata.shards.clear();
+  out.metadata.global_rank = 0;
+  if (!optimizer_types.empty()) out.metadata.optimizer_types = optimizer_types;
+  out.entries = detail::rebuild_split_tensors(
+      files.front().contents.entries,
+      [&](const std::string& name, const c10::IValue& value, detail::split_place place) {
+        return parts.is_split(name, value, place);
+      },
+      [&](const detail::split_site& site, const std::string& what, const detail::tensor_finder& find) -> c10::IValue {
+        return parts.make(site, what, find);
+      });
+  c10::IValue rest(out.entries);
+  read_the_rest(rest, files.front(), plan);
+  plan.run();
+  if (!how.verify_only) parts.finish();
+  return out;
+}
+
+}  // namespace loom
