@@ -7,6 +7,7 @@
 #include <loom/checkpoint/state.hpp>
 
 #include "torch_archive.hpp"
+#include "../util/outside_files.hpp"
 
 #include <ATen/core/ivalue.h>
 
@@ -111,6 +112,25 @@ c10::impl::GenericDict rebuild_split_tensors(const c10::impl::GenericDict& entri
 // deferred, the concatenated tensors are its stand-ins, made when written.
 checkpoint_contents merge_shards(std::vector<checkpoint_contents>& ranks, const std::string& path,
                                  deferred_tensors* deferred = nullptr);
+// A file parsed without reading its tensors (read_torch_archive_structure;
+// local_parts.cpp): its contents, whose tensors lie over `mapped` unread,
+// and those records. A file in loom's earlier format is read whole and
+// lists nothing unread.
+struct unread_file {
+  std::string path;
+  std::shared_ptr<const mapped_file> mapped;
+  unread_records unread;
+  checkpoint_contents contents;
+};
+unread_file parse_unread(std::shared_ptr<const mapped_file> mapped, const std::string& path);
+// A DeepSpeed-layout checkpoint's files so parsed, each listed one checked
+// against the size rank 0's model states give it: the module's (rank 0's
+// model states first; stages 0-2 have only it) and the optimizers' (by rank).
+struct deepspeed_unread {
+  std::vector<unread_file> model, optim;
+};
+deepspeed_unread read_deepspeed_unread(const std::string& path);
+
 // read_sharded_checkpoint and read_deepspeed_checkpoint, with the rank files
 // mapped and the merged tensors deferred (consolidate_checkpoint).
 checkpoint_contents read_sharded(const std::string& directory, deferred_tensors* deferred);

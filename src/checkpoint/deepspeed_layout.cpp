@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 namespace loom {
 namespace fs = std::filesystem;
@@ -138,37 +139,90 @@ void save_deepspeed_checkpoint(const std::string& path, const state& state, cons
 
 checkpoint_contents read_deepspeed_checkpoint(const std::string& path) { return detail::read_deepspeed(path, nullptr); }
 
-checkpoint_contents detail::read_deepspeed(const std::string& path, deferred_tensors* deferred) {
+namespace {
+
+// The tag directory of a DeepSpeed-layout checkpoint and the name of its
+// index (rank 0's model states, which lists every other file).
+struct deepspeed_tag {
+  detail::confined_directory root, directory;
+  std::string index_name;
+  fs::path index_path() const { return fs::path(directory.path()) / index_name; }
+};
+
+deepspeed_tag open_tag(const std::string& path) {
   if (!is_deepspeed_checkpoint(path)) {
     fail_checkpoint(path, "is not a DeepSpeed-layout checkpoint (a directory holding 'latest' and the tag directory "
                           "it names)");
   }
-  const detail::confined_directory root(path, &fail_checkpoint);
-  const detail::confined_directory tag = root.subdirectory(read_tag(root));
+  detail::confined_directory root(path, &fail_checkpoint);
+  detail::confined_directory directory = root.subdirectory(read_tag(root));
+  std::string index_name = directory.has(model_file(0)) ? model_file(0) : std::string(whole_model_file);
+  return {std::move(root), std::move(directory), std::move(index_name)};
+}
+
+[[noreturn]] void fail_no_index(const deepspeed_tag& tag) {
+  fail_checkpoint(tag.directory.path(), "has neither " + std::string(whole_model_file) + " nor " + model_file(0) +
+                                            " (a save that did not finish, or not loom's); nothing was changed");
+}
+
+// Where a listed file goes: an optimizer file's rank, or -1 for a model file.
+int optimizer_rank(const std::string& name, const checkpoint_contents& contents, int world, const std::string& path) {
+  if (name.find("_optim_states.pt") == std::string::npos) return -1;
+  const std::int64_t r = contents.metadata.global_rank;
+  if (r < 0 || r >= world) fail_checkpoint(path, "names rank " + std::to_string(r) + " of " + std::to_string(world));
+  return static_cast<int>(r);
+}
+
+}  // namespace
+
+detail::deepspeed_unread detail::read_deepspeed_unread(const std::string& path) {
+  const deepspeed_tag tag = open_tag(path);
+  auto index = tag.directory.map(tag.index_name);
+  if (!index) fail_no_index(tag);
+  deepspeed_unread out;
+  unread_file first = parse_unread(std::move(*index), tag.index_path().string());
+  const checkpoint_contents& meta = first.contents;
+  const int world = static_cast<int>(meta.metadata.world_size);
+  std::vector<std::optional<unread_file>> optim(static_cast<std::size_t>(std::max(world, 0)));
+  for (const listed_file& listed : listed_files(meta, tag.index_path())) {
+    file_bytes opened = open_listed(tag.directory, listed, meta, tag.index_path(), /*map_file=*/true);
+    unread_file file = parse_unread(std::move(opened.mapped), tag.directory.path_of(listed.name));
+    check_same_save(file.contents, meta, file.path, tag.index_path());
+    const int r = optimizer_rank(listed.name, file.contents, world, file.path);
+    if (r >= 0) optim[static_cast<std::size_t>(r)] = std::move(file);
+    else out.model.push_back(std::move(file));
+  }
+  for (std::size_t r = 0; r < optim.size(); ++r) {
+    if (!optim[r]) fail_checkpoint(tag.directory.path(), "has no optimizer file of rank " + std::to_string(r));
+    out.optim.push_back(std::move(*optim[r]));
+  }
+  out.model.insert(out.model.begin(), std::move(first));
+  std::stable_sort(out.model.begin(), out.model.end(), [](const unread_file& a, const unread_file& b) {
+    return a.contents.metadata.global_rank < b.contents.metadata.global_rank;
+  });
+  return out;
+}
+
+checkpoint_contents detail::read_deepspeed(const std::string& path, deferred_tensors* deferred) {
+  const deepspeed_tag opened = open_tag(path);
+  const detail::confined_directory& tag = opened.directory;
   const fs::path directory = tag.path();
-  const bool sharded_module = tag.has(model_file(0));
-  const std::string index_name = sharded_module ? model_file(0) : std::string(whole_model_file);
-  const fs::path index_path = directory / index_name;
+  const bool sharded_module = opened.index_name == model_file(0);
+  const std::string& index_name = opened.index_name;
+  const fs::path index_path = opened.index_path();
   // Rank 0's model states (stage 3: its module slices) mapped like the
   // files it lists when the merge is deferred.
   auto index_bytes = tag.load(index_name, /*map_file=*/deferred != nullptr);
-  if (!index_bytes) {
-    fail_checkpoint(directory.string(), "has neither " + std::string(whole_model_file) + " nor " + model_file(0) +
-                                            " (a save that did not finish, or not loom's); nothing was changed");
-  }
+  if (!index_bytes) fail_no_index(opened);
   checkpoint_contents index = detail::parse_checkpoint(index_bytes->bytes(), index_path.string(), index_bytes->mapped);
   index_bytes.reset();
   const int world = static_cast<int>(index.metadata.world_size);
   std::vector<checkpoint_contents> optim(static_cast<std::size_t>(world));
   std::vector<checkpoint_contents> model{index};
   for (auto& [name, contents] : detail::read_listed(tag, index, index_path, /*map_files=*/deferred != nullptr)) {
-    const auto r = static_cast<std::size_t>(contents.metadata.global_rank);
-    if (name.find("_optim_states.pt") != std::string::npos) {
-      if (r >= optim.size()) fail_checkpoint((directory / name).string(), "names rank " + std::to_string(r) + " of " + std::to_string(world));
-      optim[r] = std::move(contents);
-    } else {
-      model.push_back(std::move(contents));
-    }
+    const int r = optimizer_rank(name, contents, world, (directory / name).string());
+    if (r >= 0) optim[static_cast<std::size_t>(r)] = std::move(contents);
+    else model.push_back(std::move(contents));
   }
   for (std::size_t r = 0; r < optim.size(); ++r) {
     if (optim[r].metadata.world_size == 0) {

@@ -28,8 +28,11 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <cstring>
 #include <memory>
+#include <span>
 #include <sstream>
+#include <vector>
 
 namespace loom {
 namespace fs = std::filesystem;
@@ -37,14 +40,8 @@ using detail::fail_checkpoint;
 
 namespace {
 
-// A file the parts come from: its contents with the tensors unread (lazy),
-// or read whole (ZeRO's layout, loom's earlier format: nothing unread).
-struct source_file {
-  std::string path;
-  std::shared_ptr<const detail::mapped_file> mapped;
-  detail::unread_records unread;
-  checkpoint_contents contents;
-};
+// A file the parts come from: its contents with the tensors unread.
+using source_file = detail::unread_file;
 
 std::int64_t numel_of(const std::vector<std::int64_t>& shape) {
   std::int64_t n = 1;
@@ -363,15 +360,6 @@ void read_the_rest(c10::IValue& value, const source_file& file, record_plan& pla
   }
 }
 
-source_file mapped_source(std::shared_ptr<const detail::mapped_file> mapped, const std::string& path) {
-  source_file file{path, std::move(mapped), {}, {}};
-  const std::span<const char> bytes(file.mapped->data, file.mapped->size);
-  file.contents = detail::parse_checkpoint(bytes, path, file.mapped, &file.unread);
-  // Only the structure was touched: its pages go back.
-  detail::drop_mapped_pages(bytes.data(), bytes.size());
-  return file;
-}
-
 // The files of a sharded checkpoint, each checked against meta.pt's size
 // for it and parsed without its tensors; rank 0's first.
 std::vector<source_file> sharded_sources(const std::string& directory, checkpoint_contents& meta) {
@@ -386,7 +374,7 @@ std::vector<source_file> sharded_sources(const std::string& directory, checkpoin
   std::vector<source_file> files;
   for (const detail::listed_file& listed : detail::listed_files(meta, meta_path)) {
     detail::file_bytes opened = detail::open_listed(root, listed, meta, meta_path, /*map_file=*/true);
-    files.push_back(mapped_source(std::move(opened.mapped), root.path_of(listed.name)));
+    files.push_back(detail::parse_unread(std::move(opened.mapped), root.path_of(listed.name)));
     detail::check_same_save(files.back().contents, meta, files.back().path, meta_path);
   }
   if (files.empty()) fail_checkpoint(meta_path.string(), "lists no rank files");
@@ -398,42 +386,63 @@ std::vector<source_file> sharded_sources(const std::string& directory, checkpoin
 
 }  // namespace
 
+detail::unread_file detail::parse_unread(std::shared_ptr<const mapped_file> mapped, const std::string& path) {
+  unread_file file{path, std::move(mapped), {}, {}};
+  const std::span<const char> bytes(file.mapped->data, file.mapped->size);
+  file.contents = parse_checkpoint(bytes, path, file.mapped, &file.unread);
+  // Only the structure was touched: its pages go back.
+  drop_mapped_pages(bytes.data(), bytes.size());
+  return file;
+}
+
 checkpoint_contents read_local_parts(const std::string& path, const rank_parts& mine, const local_read& how) {
-  std::error_code ec;
-  std::vector<source_file> files;
+  // Groups of files that each split the same tensors: a sharded checkpoint's
+  // rank files; a full file; DeepSpeed's model-states and optim-states files.
+  std::vector<std::vector<source_file>> groups;
   std::map<std::string, std::string> optimizer_types;
+  std::error_code ec;
   if (fs::is_directory(path, ec)) {
     if (is_deepspeed_checkpoint(path)) {
-      files.push_back({path, nullptr, {}, read_deepspeed_checkpoint(path)});
+      detail::deepspeed_unread files = detail::read_deepspeed_unread(path);
+      optimizer_types = files.optim.front().contents.metadata.optimizer_types;
+      groups.push_back(std::move(files.model));
+      groups.push_back(std::move(files.optim));
     } else {
       checkpoint_contents meta;
-      files = sharded_sources(path, meta);
+      groups.push_back(sharded_sources(path, meta));
       optimizer_types = meta.metadata.optimizer_types;
     }
   } else {
     auto mapped = detail::map_regular_file(path, &fail_checkpoint);
     if (!mapped) fail_checkpoint(path, "does not exist");
-    files.push_back(mapped_source(std::move(*mapped), path));
+    groups.emplace_back();
+    groups.back().push_back(detail::parse_unread(std::move(*mapped), path));
   }
-  record_plan plan;
-  part_maker parts(files, mine, how, plan, path);
   checkpoint_contents out;
-  out.metadata = files.front().contents.metadata;
+  out.metadata = groups.front().front().contents.metadata;
   out.metadata.shards.clear();
   out.metadata.global_rank = 0;
-  if (!optimizer_types.empty()) out.metadata.optimizer_types = optimizer_types;
-  out.entries = detail::rebuild_split_tensors(
-      files.front().contents.entries,
-      [&](const std::string& name, const c10::IValue& value, detail::split_place place) {
-        return parts.is_split(name, value, place);
-      },
-      [&](const detail::split_site& site, const std::string& what, const detail::tensor_finder& find) -> c10::IValue {
-        return parts.make(site, what, find);
-      });
-  c10::IValue rest(out.entries);
-  read_the_rest(rest, files.front(), plan);
+  for (const auto& [entry, type] : optimizer_types) out.metadata.optimizer_types[entry] = type;
+  record_plan plan;
+  std::vector<std::unique_ptr<part_maker>> makers;
+  for (auto& group : groups) {
+    auto& parts = *makers.emplace_back(std::make_unique<part_maker>(group, mine, how, plan, path));
+    c10::impl::GenericDict entries = detail::rebuild_split_tensors(
+        group.front().contents.entries,
+        [&](const std::string& name, const c10::IValue& value, detail::split_place place) {
+          return parts.is_split(name, value, place);
+        },
+        [&](const detail::split_site& site, const std::string& what, const detail::tensor_finder& find) -> c10::IValue {
+          return parts.make(site, what, find);
+        });
+    c10::IValue rest(entries);
+    read_the_rest(rest, group.front(), plan);
+    for (const auto& item : entries) out.entries.insert_or_assign(item.key(), item.value());
+  }
   plan.run();
-  if (!how.verify_only) parts.finish();
+  if (!how.verify_only) {
+    for (auto& parts : makers) parts->finish();
+  }
   return out;
 }
 

@@ -3,9 +3,9 @@
 # ranks and deepspeed_stage_3 on 4 build, train, save and consolidate the
 # 16 x Linear(1024, 1024) MLP with each phase under a heap cap from its
 # formula, and equal single_device (the consolidated file byte for byte the
-# one written whole); FULL_SHARD also loads its sharded save, the
-# consolidated file and (on 8 ranks) the 4-rank save under their caps, each
-# rank reading its parts. Each phase's negative control (the model built
+# one written whole); each also loads its save and the consolidated file,
+# and FULL_SHARD on 8 ranks the 4-rank save, under their caps, each rank
+# reading its parts. Each phase's negative control (the model built
 # outside init_module(true); parameters kept whole through the step; a full
 # save; the merged checkpoint read whole; the checkpoint read whole by every
 # rank to load it) hits its cap on one rank, and that ends every rank within
@@ -69,6 +69,7 @@ capped zero3 4
 control zero3 4 control_build
 control zero3 4 control_step
 control zero3 4 control_consolidate
+control zero3 4 control_load
 capped fsdp 8 "$WORK/reshard_from_4"
 rm -rf "$WORK/reshard_from_4"
 expect_no_leftovers "memory"

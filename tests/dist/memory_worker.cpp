@@ -17,8 +17,7 @@
 //   load, full load, reshard  16Ψ/N + one read buffer (4 MiB): each rank
 //                  reads its parts of the sharded save, of the consolidated
 //                  file, and of a save from another world size (RESHARD_FROM)
-//                  straight into the state it holds (fsdp; ZeRO-3's
-//                  DeepSpeed layout is read whole, measured only)
+//                  straight into the state it holds
 // The margin, 6 MiB, covers what no formula names (module objects, Gloo's
 // buffers for a message that arrives before its receive is posted (up to
 // 2 MiB seen at N = 8), the optimizer's temporaries of one shard, a save's
@@ -33,8 +32,8 @@
 //   control_consolidate  the merged checkpoint read whole, then written
 //                  (read_sharded_checkpoint + write_checkpoint);
 //   control_load, control_full_load  the checkpoint read whole on every
-//                  rank (read_sharded_checkpoint, read_checkpoint), as every
-//                  load did before per-rank reads.
+//                  rank (read_sharded_checkpoint, read_deepspeed_checkpoint,
+//                  read_checkpoint), as every load did before per-rank reads.
 // A control caps one rank only: that rank's refusal must end every rank
 // within seconds (the collectives' timeout here is 5 s; 30 s in the real
 // runs), not leave the others waiting for it.
@@ -307,8 +306,9 @@ void run_phases(F& fabric, loom::counting_allocator& tensors, const plan& capped
     measure.begin(phase, load_formula, cap);
     if (capped.eager_load) {
       // Today's path before per-rank reads: every rank read the whole checkpoint.
-      const auto whole = loom::is_sharded_checkpoint(from) ? loom::read_sharded_checkpoint(from)
-                                                           : loom::read_checkpoint(from);
+      const auto whole = loom::is_sharded_checkpoint(from)     ? loom::read_sharded_checkpoint(from)
+                         : loom::is_deepspeed_checkpoint(from) ? loom::read_deepspeed_checkpoint(from)
+                                                               : loom::read_checkpoint(from);
       (void)whole;
     } else {
       fabric.load(from, {{"model", model}, {"optimizer", optimizer}});
@@ -393,8 +393,8 @@ int main(int argc, char** argv) {
                       .step = all || (scenario == "control_step" && last),
                       .save = all || (scenario == "control_save" && launcher.global_rank() == 0),
                       .consolidate = all || (scenario == "control_consolidate" && launcher.global_rank() == 0),
-                      .load = (all && which == "fsdp") || (scenario == "control_load" && last),
-                      .full_load = (all && which == "fsdp") || (scenario == "control_full_load" && last),
+                      .load = all || (scenario == "control_load" && last),
+                      .full_load = all || (scenario == "control_full_load" && last),
                       .reshard = all && which == "fsdp",
                       .eager_consolidate = scenario == "control_consolidate",
                       .eager_load = scenario == "control_load" || scenario == "control_full_load",

@@ -27,7 +27,7 @@ run_tp 4 mesh "tp laws (mesh): world_size=4 all checks passed" \
 timeout 120 "$LOOM_RUN" --devices 4 "$TP" checkpoint "$WORK" "$MARK" > "$WORK/checkpoint.4" 2>&1 ||
   { fail "checkpoint on 4 ranks exited $?"; cat "$WORK/checkpoint.4"; }
 expect_contains "$WORK/checkpoint.4" "tp laws (checkpoint): world_size=4 all checks passed" \
-  "a 2 x 2 mesh's distributed checkpoint loads on 2 x 2 and into single_device, and the full one into single_device"
+  "a 2 x 2 mesh's distributed and full checkpoints load on 2 x 2 (each rank reading its parts) and into single_device"
 sed -n 's/^\(law (tp).*\)/  \1/p' "$WORK/checkpoint.4"
 "$LOOM_RUN" consolidate "$WORK/distributed" "$WORK/consolidated.pt" > "$WORK/consolidate" 2>&1 ||
   { fail "loom-run consolidate exited $?"; cat "$WORK/consolidate"; }

@@ -357,9 +357,9 @@ void run_mesh() {
 
 // Checkpoints of a 2 x 2 mesh (FSDP on data parallel 2 x tensor parallel 2),
 // in `directory`: the distributed save (each rank's chunks, sliced again by
-// the engine) loads into a fresh 2 x 2 model and optimizer, whose outputs
-// equal the saved model's and whose next Adam step equals its next step (the
-// optimizer state came back); the full save and the distributed one both
+// the engine) and the full save each load into a fresh 2 x 2 model and
+// optimizer, whose outputs equal the saved model's and whose next Adam step
+// equals its next step (the optimizer state came back); both
 // load into single_device with the same outputs. tp.sh then consolidates
 // the distributed one and compares it with the full file.
 void run_checkpoint(const std::string& directory) {
@@ -397,10 +397,23 @@ void run_checkpoint(const std::string& directory) {
   const at::Tensor loaded_out = loaded(probe);
   LAW_EXPECT(torch::equal(loaded_out, saved_out), "the distributed checkpoint loads back: outputs differ by %.3g",
              max_difference(loaded_out, saved_out));
+  // The full file into another fresh 2 x 2 model: each rank reads its
+  // chunk and slice of every tensor from it.
+  at::manual_seed(10);
+  Mlp third;
+  torch::optim::Adam third_adam(third->parameters(), torch::optim::AdamOptions(1e-2));
+  auto [from_full, from_full_optimizer] = fabric.setup(third, third_adam);
+  fabric.load(full, {{"model", from_full}, {"optimizer", from_full_optimizer}});
+  LAW_EXPECT(torch::equal(from_full(probe), saved_out), "the full checkpoint loads on 2 x 2: outputs differ by %.3g",
+             max_difference(from_full(probe), saved_out));
   step_on(model, optimizer, 5);
   step_on(loaded, loaded_optimizer, 5);
+  step_on(from_full, from_full_optimizer, 5);
   const double after_step = max_difference(loaded(probe), model(probe));
   LAW_EXPECT(after_step == 0, "the next Adam step after the load differs by %.3g (optimizer state)", after_step);
+  const double after_full_step = max_difference(from_full(probe), model(probe));
+  LAW_EXPECT(after_full_step == 0, "the next Adam step after the full load differs by %.3g (optimizer state)",
+             after_full_step);
 
   // The full file and the distributed directory into single_device.
   double single_full = -1, single_distributed = -1;
@@ -419,8 +432,9 @@ void run_checkpoint(const std::string& directory) {
                single_distributed);
   }
   if (r == 0) {
-    std::printf("law (tp): 2 x 2 mesh checkpoints: the distributed save (4 rank files + meta.pt) loads on a fresh 2 x "
-                "2 model with equal outputs and an equal next Adam step; single_device loads the full file (outputs "
+    std::printf("law (tp): 2 x 2 mesh checkpoints: the distributed save (4 rank files + meta.pt) and the full save "
+                "each load on a fresh 2 x 2 model (each rank reading its parts) with equal outputs and an equal next "
+                "Adam step; single_device loads the full file (outputs "
                 "differ by %.3g) and the distributed directory (%.3g)\n",
                 single_full, single_distributed);
   }

@@ -165,11 +165,10 @@ struct model_parallel : parallel {
                                   detail::sharded_save_layout(checkpoint, engines_, "model_parallel"), group());
   }
   // Full or distributed, written on any mesh (or by single_device, ddp,
-  // fsdp): every rank reads it at full size and keeps its chunks and slices.
+  // fsdp): each rank reads only its chunks and slices, in place
+  // (load_local_parts), and all ranks load or none.
   state load_checkpoint(const std::string& path, const state& checkpoint, bool strict) {
-    state rest;
-    with_full_state(checkpoint, /*write_back=*/true, [&] { rest = loom::load_checkpoint(path, checkpoint, strict); });
-    return rest;
+    return detail::load_local_state(engines_, checkpoint, path, strict, group());
   }
   // What the next fabric.save writes.
   void set_save_distributed_checkpoint(bool distributed) noexcept { options_.save_distributed_checkpoint = distributed; }
