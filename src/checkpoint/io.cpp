@@ -31,6 +31,7 @@
 #include <sstream>
 #include <system_error>
 #include <tuple>
+#include <unordered_map>
 
 namespace loom {
 namespace fs = std::filesystem;
@@ -264,6 +265,45 @@ c10::impl::GenericDict checkpoint_entries(const std::string& path, const state& 
 void save_checkpoint(const std::string& path, const state& state, const state_filter& filter,
                      const checkpoint_metadata& metadata) {
   detail::write_entries(path, detail::checkpoint_entries(path, state, filter, metadata));
+}
+
+void save_gathered_checkpoint(const std::string& path, const state& state, const state_filter& filter,
+                              const checkpoint_metadata& metadata, const rank_parts& mine,
+                              const std::function<at::Tensor(const std::string& name, const at::Tensor& part)>& gather,
+                              bool writes) {
+  checkpoint_contents own;
+  own.entries = detail::checkpoint_entries(path, state, filter, metadata);
+  detail::deferred_tensors deferred;
+  // One stand-in per part: a tied weight is one tensor under two names (one record, one gather).
+  std::unordered_map<const void*, at::Tensor> stand_ins;
+  const c10::impl::GenericDict entries = detail::rebuild_split_tensors(
+      own.entries,
+      [&](const std::string& name, const c10::IValue& value, detail::split_place place) {
+        auto part = mine.find(name);
+        if (part == mine.end() || !value.isTensor()) return false;
+        // The parameter's part, or a per-parameter state tensor of the same
+        // elements (not a scalar such as step): alike on every rank.
+        const at::Tensor& t = value.toTensor();
+        return place == detail::split_place::state_dict ||
+               (t.dim() > 0 && t.numel() == part->second.range.end - part->second.range.begin);
+      },
+      [&](const detail::split_site& site, const std::string& /*what*/,
+          const detail::tensor_finder& find) -> c10::IValue {
+        const at::Tensor part = find(own).toTensor();
+        auto [found, fresh] = stand_ins.try_emplace(part.unsafeGetTensorImpl());
+        if (fresh) {
+          found->second = deferred.stand_in(mine.at(site.name).range.shape, part.scalar_type(),
+                                            [&gather, name = site.name, part] { return gather(name, part); });
+        }
+        return found->second;
+      });
+  const auto materialize = [&deferred](const at::Tensor& stored) { return deferred.materialize(stored); };
+  if (writes) {
+    detail::write_entries(path, entries, &deferred);
+  } else {
+    // The same records in the same order, so the same gathers; the bytes go nowhere.
+    detail::write_torch_archive(entries, [](const char*, std::size_t) {}, materialize);
+  }
 }
 
 detail::written_file detail::write_contents(const std::string& path, const checkpoint_contents& contents,

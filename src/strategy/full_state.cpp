@@ -14,6 +14,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <algorithm>
+#include <map>
 #include <unordered_map>
 
 namespace loom::detail {
@@ -93,22 +94,31 @@ struct state_slot {
   at::Tensor full;
 };
 
+// A sharded optimizer's state is gathered, sliced and read in parts by its
+// layout: an optimizer of another kind is refused (its own archive would
+// hold this rank's part as if it were the whole).
+void require_state_layouts(const std::vector<torch::optim::Optimizer*>& optimizers, bool any_split, bool loading) {
+  for (torch::optim::Optimizer* optimizer : optimizers) {
+    if (any_split && (loading || !optimizer->state().empty()) && !fsdp_engine::knows_state_layout(*optimizer)) {
+      throw configuration_error(
+          std::string("a ") + (loading ? "load into" : "full checkpoint of") + " a sharded optimizer's state needs "
+          "its layout (SGD, Adam, AdamW, RMSprop and Adagrad are known); " +
+          (loading ? "use one of those" : "save a sharded checkpoint instead, or use one of those"));
+    }
+  }
+}
+
 std::vector<state_slot> state_slots(const std::vector<torch::optim::Optimizer*>& optimizers,
                                     const std::unordered_map<const void*, const placement*>& where_of, bool any_split) {
+  require_state_layouts(optimizers, any_split, /*loading=*/false);
   std::vector<state_slot> slots;
   for (torch::optim::Optimizer* optimizer : optimizers) {
-    const bool known = for_each_state_tensor(*optimizer, [&](const at::Tensor& parameter, std::string_view,
-                                                             at::Tensor& value) {
+    for_each_state_tensor(*optimizer, [&](const at::Tensor& parameter, std::string_view, at::Tensor& value) {
       auto found = where_of.find(parameter.unsafeGetTensorImpl());
       if (found == where_of.end() || !value.defined() || value.dim() == 0) return;  // a scalar (step)
       if (value.numel() != found->second->local.numel()) return;
       slots.push_back({&value, found->second, value, {}});
     });
-    if (!known && any_split && !optimizer->state().empty()) {
-      throw configuration_error(
-          "a full checkpoint of a sharded optimizer's state needs its layout (SGD, Adam, AdamW, RMSprop and "
-          "Adagrad are known); save a sharded checkpoint instead, or use one of those");
-    }
   }
   return slots;
 }
@@ -193,29 +203,60 @@ void with_full_state(const std::vector<std::weak_ptr<fsdp_engine>>& engines,
   scope.changed = changed;
 }
 
+namespace {
+
+// This rank's parts of target's split (or engine-owned) parameters, by name,
+// with their placements; each parameter is set to its part (what it is
+// between steps, and where a load writes).
+struct named_parts {
+  rank_parts mine;
+  std::map<std::string, placement> where;
+};
+named_parts parts_of(const std::vector<std::weak_ptr<fsdp_engine>>& engines, const state& target, bool loading) {
+  std::unordered_map<const void*, placement> by_parameter;
+  bool any_split = false;
+  for (auto& where : placements_of(engines, target.modules())) {
+    if (!where.split() && !where.engine_owned) continue;
+    any_split = any_split || where.split();
+    where.parameter.set_data(where.local);
+    by_parameter.emplace(where.parameter.unsafeGetTensorImpl(), std::move(where));
+  }
+  require_state_layouts(target.optimizers(), any_split, loading);
+  named_parts out;
+  for (const torch::nn::Module* module : target.modules()) {
+    for (const auto& item : module->named_parameters()) {
+      auto found = by_parameter.find(item.value().unsafeGetTensorImpl());
+      if (found == by_parameter.end()) continue;
+      const placement& where = found->second;
+      shard_range range = save_range(where).value_or(shard_range{0, where.chunk_numel(), where.shape});
+      out.mine.emplace(item.key(), rank_part{std::move(range), where.local.sizes().vec()});
+      out.where.emplace(item.key(), where);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 state load_local_state(const std::vector<std::weak_ptr<fsdp_engine>>& engines, const state& target,
                        const std::string& path, bool strict, comm::process_group& group) {
   at::NoGradGuard no_grad;
   engines_in_scope scope(live_engines(engines));
-  std::unordered_map<const void*, rank_part> part_of;
-  for (const auto& where : placements_of(engines, target.modules())) {
-    if (!where.split() && !where.engine_owned) continue;
-    shard_range range = save_range(where).value_or(shard_range{0, where.chunk_numel(), where.shape});
-    part_of.emplace(where.parameter.unsafeGetTensorImpl(), rank_part{std::move(range), where.local.sizes().vec()});
-    // The parameter is its part between steps; a load writes there.
-    where.parameter.set_data(where.local);
-  }
-  rank_parts mine;
-  for (const torch::nn::Module* module : target.modules()) {
-    for (const auto& item : module->named_parameters()) {
-      if (auto found = part_of.find(item.value().unsafeGetTensorImpl()); found != part_of.end()) {
-        mine.emplace(item.key(), found->second);
-      }
-    }
-  }
-  state rest = load_local_parts(path, target, mine, strict, group);
+  state rest = load_local_parts(path, target, parts_of(engines, target, /*loading=*/true).mine, strict, group);
   scope.changed = true;
   return rest;
+}
+
+void save_gathered_state(const std::vector<std::weak_ptr<fsdp_engine>>& engines, const state& target,
+                         const state_filter& filter, const checkpoint_metadata& metadata, const std::string& path,
+                         int root, comm::process_group& group) {
+  at::NoGradGuard no_grad;
+  engines_in_scope scope(live_engines(engines));
+  const named_parts parts = parts_of(engines, target, /*loading=*/false);
+  save_gathered_checkpoint(
+      path, target, filter, metadata, parts.mine,
+      [&parts](const std::string& name, const at::Tensor& part) { return gather_full(parts.where.at(name), part); },
+      !group.valid() || group.rank() == root);
 }
 
 }  // namespace loom::detail

@@ -22,18 +22,21 @@ export LOOM_TEST_DIR="$WORK"
 # itself, whatever glibc keeps.
 export MALLOC_MMAP_THRESHOLD_=131072
 
-# capped STRATEGY N [RESHARD_FROM]: every phase under its cap on every rank.
+# capped SCENARIO STRATEGY N [RESHARD_FROM]: every phase under its cap on
+# every rank (SCENARIO capped, or capped_full: with a full save).
 capped() {
-  out="$WORK/capped_$1_$2"
+  scenario=$1
+  shift
+  out="$WORK/${scenario}_$1_$2"
   status=0
-  timeout 150 "$MEMORY_WORKER" "$1" capped "$2" "$MARK" ${3:+"$3"} > "$out" 2>&1 || status=$?
+  timeout 150 "$MEMORY_WORKER" "$1" "$scenario" "$2" "$MARK" ${3:+"$3"} > "$out" 2>&1 || status=$?
   if [ $status -eq 77 ]; then skip "$(cat "$out")"; return; fi
-  if [ $status -ne 0 ]; then fail "$1 on $2 ranks under the caps exited $status"; sed 's/^/    /' "$out" | tail -n 30; return; fi
-  expect_contains "$out" "memory caps ($1, capped): world_size=$2 all checks passed" \
-    "$1 on $2 ranks: build, step, sharded save, consolidate and the loads under their caps, equal to single_device"
+  if [ $status -ne 0 ]; then fail "$1 $scenario on $2 ranks exited $status"; sed 's/^/    /' "$out" | tail -n 30; return; fi
+  expect_contains "$out" "memory caps ($1, $scenario): world_size=$2 all checks passed" \
+    "$1 $scenario on $2 ranks: build, step, save, consolidate and the loads under their caps, equal to single_device"
   sed -n 's/^\(phase\|law\|  read\)/  \1/p' "$out"
   # The 4-rank FULL_SHARD save stays for the 8-rank run to reshard.
-  if [ "$1_$2" = fsdp_4 ]; then mv "$WORK/memory_fsdp_capped_4" "$WORK/reshard_from_4"; fi
+  if [ "${scenario}_$1_$2" = capped_fsdp_4 ]; then mv "$WORK/memory_fsdp_capped_4" "$WORK/reshard_from_4"; fi
   rm -rf "$WORK"/memory_*  # the saves: 0.6 GB a run
 }
 
@@ -58,19 +61,20 @@ control() {
   rm -rf "$WORK"/memory_*
 }
 
-capped fsdp 4
+capped capped fsdp 4
 control fsdp 4 control_build
 control fsdp 4 control_step
 control fsdp 4 control_save
+capped capped_full fsdp 4
 control fsdp 4 control_consolidate
 control fsdp 4 control_load
 control fsdp 4 control_full_load
-capped zero3 4
+capped capped zero3 4
 control zero3 4 control_build
 control zero3 4 control_step
 control zero3 4 control_consolidate
 control zero3 4 control_load
-capped fsdp 8 "$WORK/reshard_from_4"
+capped capped fsdp 8 "$WORK/reshard_from_4"
 rm -rf "$WORK/reshard_from_4"
 expect_no_leftovers "memory"
 finish

@@ -12,6 +12,10 @@
 //                  + autograd's weight gradient before it is added (1 unit)
 //                  + activations (4 tensors of b x 1024 floats per layer)
 //   sharded save   16Ψ/N: the rank's state, written from its own tensors
+//   full save      16Ψ/N + 2W + W/N (W: the largest tensor, one weight):
+//                  every rank gathers each tensor as rank 0 writes its
+//                  record (the all-gather's N padded slices, the full tensor
+//                  made of them, this rank's padded slice), then drops it
 //   consolidate    16Ψ/N + the largest tensor (one weight, 4 MiB): rank 0,
 //                  holding its state, makes one file of the save
 //   load, full load, reshard  16Ψ/N + one read buffer (4 MiB): each rank
@@ -27,8 +31,9 @@
 //                  every rank (4Ψ, 67 MB) before setup shards it;
 //   control_step   parameters kept whole through the step (SHARD_GRAD_OP;
 //                  deepspeed_stage_2 for ZeRO-3), built without a cap;
-//   control_save   a full save (state_dict_type full, fsdp), which gathers
-//                  the parameters and optimizer state onto rank 0;
+//   control_save   under the full save's cap, the parameters gathered whole
+//                  (4Ψ, 67 MB), as every full save began before it wrote
+//                  tensor by tensor;
 //   control_consolidate  the merged checkpoint read whole, then written
 //                  (read_sharded_checkpoint + write_checkpoint);
 //   control_load, control_full_load  the checkpoint read whole on every
@@ -40,10 +45,10 @@
 // After the phases the cap is lifted and the trained parameters, gathered,
 // equal one process's (single_device, batch B) within the laws' tolerance.
 //
-// `uncapped` measures the same phases without caps (docs/fsdp.md's table),
-// `uncapped_full` with full saves (fsdp).
+// `capped_full` runs the phases with a full save (fsdp; the full file is then
+// loaded back), `uncapped` and `uncapped_full` measure them without caps.
 //
-//   memory_worker fsdp|zero3 capped|uncapped|uncapped_full|control_build|control_step|control_save|
+//   memory_worker fsdp|zero3 capped|capped_full|uncapped|uncapped_full|control_build|control_step|control_save|
 //                 control_consolidate|control_load|control_full_load N MARK [RESHARD_FROM]
 #include "../allocation_counter.hpp"
 #include "strategy_laws.hpp"
@@ -212,6 +217,8 @@ struct plan {
        reshard = false;
   bool eager_consolidate = false;  // today's path before streaming: the merged checkpoint whole in memory
   bool eager_load = false;         // today's path before per-rank reads: the checkpoint read whole
+  bool full_save = false;          // state_dict_type full
+  bool eager_save = false;         // today's path before streamed full saves: the parameters gathered whole
   std::string checkpoint;    // where the save goes
   std::string reshard_from;  // a save of the same training on another number of ranks ("": none)
 };
@@ -232,8 +239,10 @@ void run_phases(F& fabric, loom::counting_allocator& tensors, const plan& capped
   const std::int64_t step_formula =
       16 * psi / n + 2 * unit_bytes + 2 * (unit_bytes + receive_bytes) + unit_bytes + activations;
   // What the rank holds (parameters, gradients, Adam's two moments): the
-  // file is written from the tensors themselves, record by record.
-  const std::int64_t save_formula = 16 * psi / n;
+  // file is written from the tensors themselves, record by record; a full
+  // save gathers one tensor at a time.
+  const std::int64_t weight_bytes = 4 * width * width;
+  const std::int64_t save_formula = 16 * psi / n + (capped.full_save ? 2 * weight_bytes + weight_bytes / n : 0);
   meter measure(tensors);
   warm_up();
   fabric.barrier();
@@ -262,6 +271,10 @@ void run_phases(F& fabric, loom::counting_allocator& tensors, const plan& capped
 
   const std::string& path = capped.checkpoint;
   measure.begin("save", save_formula, capped.save);
+  if (capped.eager_save) {
+    const auto whole = laws::full_parameters(fabric, model, net);
+    (void)whole;
+  }
   fabric.save(path, {{"model", model}, {"optimizer", optimizer}});
   report(fabric, "save", measure.end(), save_formula, capped.save);
 
@@ -362,17 +375,17 @@ loom::Fabric<loom::cpu, Strategy, loom::fp32> make_fabric(Strategy strategy) {
 int main(int argc, char** argv) {
   auto& tensors = loom::install_counting_allocator();
   if (argc < 4) {
-    std::fprintf(stderr, "usage: memory_worker fsdp|zero3 capped|uncapped|uncapped_full|control_build|control_step|"
+    std::fprintf(stderr, "usage: memory_worker fsdp|zero3 capped|capped_full|uncapped|uncapped_full|control_build|control_step|"
                          "control_save|control_consolidate|control_load|control_full_load N [MARK [RESHARD_FROM]]\n");
     return 2;
   }
   const std::string which = argv[1];
   const std::string scenario = argv[2];
-  const std::set<std::string> scenarios{"capped",       "uncapped",          "uncapped_full", "control_build",
+  const std::set<std::string> scenarios{"capped",       "capped_full",       "uncapped",      "uncapped_full", "control_build",
                                         "control_step", "control_save",      "control_consolidate",
                                         "control_load", "control_full_load"};
   if ((which != "fsdp" && which != "zero3") || scenarios.count(scenario) == 0 ||
-      (which == "zero3" && (scenario == "control_save" || scenario == "uncapped_full"))) {
+      (which == "zero3" && (scenario == "control_save" || scenario == "uncapped_full" || scenario == "capped_full"))) {
     std::fprintf(stderr, "memory_worker: unknown strategy '%s' or scenario '%s'\n", which.c_str(), scenario.c_str());
     return 2;
   }
@@ -387,7 +400,8 @@ int main(int argc, char** argv) {
     // A control caps one rank (the last; rank 0 for the save, where rank 0
     // gathers); the real runs cap every rank.
     const bool last = launcher.global_rank() == launcher.world_size() - 1;
-    const bool all = scenario == "capped";
+    const bool all = scenario == "capped" || scenario == "capped_full";
+    const bool full_save = scenario == "control_save" || scenario == "uncapped_full" || scenario == "capped_full";
     const plan capped{.empty_init = scenario != "control_build",
                       .build = all || (scenario == "control_build" && last),
                       .step = all || (scenario == "control_step" && last),
@@ -398,6 +412,8 @@ int main(int argc, char** argv) {
                       .reshard = all && which == "fsdp",
                       .eager_consolidate = scenario == "control_consolidate",
                       .eager_load = scenario == "control_load" || scenario == "control_full_load",
+                      .full_save = full_save,
+                      .eager_save = scenario == "control_save",
                       .checkpoint = laws::test_dir() + "/memory_" + which + "_" + scenario + "_" + argv[3],
                       .reshard_from = argc > 5 ? argv[5] : ""};
     const bool whole_parameters = scenario == "control_step";
@@ -406,8 +422,7 @@ int main(int argc, char** argv) {
     if (which == "fsdp") {
       auto fabric = make_fabric(loom::fsdp(loom::fsdp_options{
           .strategy = whole_parameters ? loom::sharding_strategy::shard_grad_op : loom::sharding_strategy::full_shard,
-          .state_dict = scenario == "control_save" || scenario == "uncapped_full" ? loom::state_dict_type::full
-                                                                                 : loom::state_dict_type::sharded,
+          .state_dict = full_save ? loom::state_dict_type::full : loom::state_dict_type::sharded,
           .collective_timeout = timeout}));
       run_phases(fabric, tensors, capped);
     } else if (whole_parameters) {

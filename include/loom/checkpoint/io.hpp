@@ -207,6 +207,19 @@ checkpoint_contents read_local_parts(const std::string& path, const rank_parts& 
 state load_local_parts(const std::string& path, const state& target, const rank_parts& mine, bool strict,
                        comm::process_group& group);
 
+// A full checkpoint of a state whose split parameters each rank holds a
+// part of (a sharded strategy's full save), written to path by the rank
+// with `writes`, one full tensor at a time. Collective: every rank calls it
+// with the same state; each tensor of a parameter named in `mine` (as in
+// read_local_parts) is made whole by gather(name, part), a collective every
+// rank calls for the same tensors in the same order, only when its record
+// is written, and dropped after. The writer holds its state and one full
+// tensor; the file is the one the whole state would give.
+void save_gathered_checkpoint(const std::string& path, const state& state, const state_filter& filter,
+                              const checkpoint_metadata& metadata, const rank_parts& mine,
+                              const std::function<at::Tensor(const std::string& name, const at::Tensor& part)>& gather,
+                              bool writes);
+
 // While one lives (on this thread), loaded optimizer state that is floating
 // takes dtype instead of its parameter's (torch.optim's rule). DeepSpeed's
 // bf16 mode: the optimizer steps fp32 masters of bf16 parameters.

@@ -105,15 +105,13 @@ struct fsdp : parallel {
   // ------------------------------------------------------------ checkpoints
   // Sharded (Lightning's default state_dict_type): a directory, each rank's
   // file holding its shards keyed by parameter name, meta.pt written last.
-  // Full: parameters and optimizer state gathered unit by unit to rank 0,
-  // which writes one file loadable by single_device, ddp and fsdp of any
-  // world size.
+  // Full: each parameter and optimizer state tensor gathered to rank 0 as
+  // its record is written, then dropped; one file loadable by
+  // single_device, ddp and fsdp of any world size.
   void save_checkpoint(const std::string& path, const state& checkpoint, const state_filter& filter,
                        const checkpoint_metadata& metadata) {
     if (options_.state_dict == state_dict_type::full) {
-      with_full_state(checkpoint, /*write_back=*/false, /*root=*/0, [&] {
-        if (global_rank() == 0) loom::save_checkpoint(path, checkpoint, filter, metadata);
-      });
+      detail::save_gathered_state(engines_, checkpoint, filter, metadata, path, /*root=*/0, group());
       barrier();
       return;
     }

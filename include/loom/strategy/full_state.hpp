@@ -47,4 +47,13 @@ void with_full_state(const std::vector<std::weak_ptr<fsdp_engine>>& engines,
 state load_local_state(const std::vector<std::weak_ptr<fsdp_engine>>& engines, const state& target,
                        const std::string& path, bool strict, comm::process_group& group);
 
+// A full save of `target` by rank `root` of group (save_gathered_checkpoint):
+// each split or engine-owned parameter of placements_of(engines, target's
+// modules), and its optimizer state, gathered one tensor at a time as its
+// record is written (the root holds its state and one full tensor, the
+// others one full tensor). Collective over group.
+void save_gathered_state(const std::vector<std::weak_ptr<fsdp_engine>>& engines, const state& target,
+                         const state_filter& filter, const checkpoint_metadata& metadata, const std::string& path,
+                         int root, comm::process_group& group);
+
 }  // namespace loom::detail

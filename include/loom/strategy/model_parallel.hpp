@@ -151,9 +151,7 @@ struct model_parallel : parallel {
   void save_checkpoint(const std::string& path, const state& checkpoint, const state_filter& filter,
                        const checkpoint_metadata& metadata) {
     if (!options_.save_distributed_checkpoint) {
-      with_full_state(checkpoint, /*write_back=*/false, [&] {
-        if (global_rank() == 0) loom::save_checkpoint(path, checkpoint, filter, metadata);
-      });
+      detail::save_gathered_state(engines_, checkpoint, filter, metadata, path, /*root=*/0, group());
       barrier();
       return;
     }
@@ -176,14 +174,6 @@ struct model_parallel : parallel {
   const model_parallel_options& options() const noexcept { return options_; }
 
  private:
-  // Runs body with the checkpoint's modules and optimizers' state full-sized
-  // on every rank: the data-parallel slices gathered, then the
-  // tensor-parallel chunks (full_state.hpp).
-  template <class Body>
-  void with_full_state(const state& checkpoint, bool write_back, Body&& body) {
-    detail::with_full_state(engines_, checkpoint.modules(), checkpoint.optimizers(), write_back, /*keeps=*/true, body);
-  }
-
   model_parallel_options options_;
   std::vector<std::weak_ptr<detail::fsdp_engine>> engines_;
   int num_nodes_ = 1;
