@@ -173,13 +173,14 @@ inline constexpr std::size_t local_read_buffer_bytes = std::size_t{4} << 20;
 // of a parameter named in `mine` (in a module's state dict, in a dict keyed
 // by parameter name such as ZeRO's fp32 masters, and each per-parameter
 // optimizer state tensor) is this rank's part of it, shaped as mine says;
-// every other tensor is whole. Sharded checkpoints and full files in loom's
-// format are read record by record through one buffer of
-// local_read_buffer_bytes: only records holding elements of this rank's
-// parts are read (each whole, its CRC32 checked as it streams, only those
-// elements kept), and the unsplit state from rank 0's file; nothing of a
-// file is parsed before meta.pt's size for it is checked. ZeRO's layout and
-// loom's earlier format are read whole, then cut.
+// every other tensor is whole. The files are read record by record through
+// one buffer of local_read_buffer_bytes: only records holding elements of
+// this rank's parts are read (each whole, its CRC32 checked as it streams,
+// only those elements kept), and the unsplit state from rank 0's file;
+// nothing of a file is parsed before the index's size for it is checked
+// (meta.pt; in DeepSpeed's layout rank 0's model states, and the
+// model-states and optim-states files are read as two groups). A file in
+// loom's earlier format is read whole, then cut.
 //
 // How: verify_only reads and checks every record a part needs and copies
 // nothing (the parts are then tensors without storage, on the meta device:
