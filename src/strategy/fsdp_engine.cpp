@@ -482,35 +482,41 @@ class gradient_ready_hook final : public torch::autograd::FunctionPostHook {
   sharded_unit* unit_;
 };
 
-// The shard a unit's sharded construction left (unit_construction.hpp),
-// when the layout setup finds is the one it was cut for; throws
-// configuration_error saying what differs. Null: the unit was built whole.
+// The shard a unit's sharded construction left, when the engine lays the
+// unit out as it was cut (FULL_SHARD or HYBRID_SHARD over the same shards,
+// this rank's); otherwise the unit is gathered whole now, each parameter
+// keeps the part this rank holds (gather_constructed), and setup shards it
+// as if it had been built whole: null then, as for a unit built whole.
+// Throws configuration_error where the parameters are not the ones it was
+// cut from, or were converted to another dtype in between.
 const constructed_shard* adopted_shard(const sharded_unit& unit, const fsdp_options& options, int shard, int rank) {
   const constructed_shard* built = unit.marker != nullptr ? unit.marker->constructed() : nullptr;
   if (built == nullptr) return nullptr;
   const std::string refusal = "fsdp: unit " + unit.name + " was sharded as it was built (init_module(true)), but ";
   const std::string remedy = "; build the model outside init_module(true) (each rank then holds it whole until setup)";
-  if (options.strategy != sharding_strategy::full_shard || built->shards != shard || built->rank != rank) {
-    throw configuration_error(refusal + "for " + std::to_string(built->shards) + " shards of FULL_SHARD, and it is "
-                              "set up as " + std::string(to_string(options.strategy)) + " over " +
-                              std::to_string(shard) + remedy);
-  }
-  bool same = built->parameters.size() == unit.params.size() && built->numel == unit.numel;
+  bool same = built->parameters.size() == unit.params.size();
   for (std::size_t i = 0; same && i < unit.params.size(); ++i) {
     same = built->parameters[i] == unit.params[i].param.unsafeGetTensorImpl();
-  }
-  if (same && !unit.params.empty() && built->shard.scalar_type() != unit.params.front().param.scalar_type()) {
-    throw configuration_error(refusal + "in " + std::string(c10::toString(built->shard.scalar_type())) +
-                              ", and its parameters are " +
-                              std::string(c10::toString(unit.params.front().param.scalar_type())) +
-                              " at setup (converted in between)" + remedy);
   }
   if (!same) {
     throw configuration_error(refusal + "its parameters at setup are not the ones it was cut from (a weight tied "
                               "to another unit, parameters added after its constructor, or a wrap policy that "
                               "makes units inside it)" + remedy);
   }
-  return built;
+  if (!unit.params.empty() && built->shard.scalar_type() != unit.params.front().param.scalar_type()) {
+    throw configuration_error(refusal + "in " + std::string(c10::toString(built->shard.scalar_type())) +
+                              ", and its parameters are " +
+                              std::string(c10::toString(unit.params.front().param.scalar_type())) +
+                              " at setup (converted in between)" + remedy);
+  }
+  const bool cut_alike =
+      (options.strategy == sharding_strategy::full_shard || options.strategy == sharding_strategy::hybrid_shard) &&
+      built->shards == shard && built->rank == rank && built->numel == unit.numel;
+  if (cut_alike) return built;
+  std::vector<at::Tensor> parameters;
+  for (const auto& p : unit.params) parameters.push_back(p.param);
+  gather_constructed(*unit.marker, parameters);
+  return nullptr;
 }
 
 struct module_entry {

@@ -4,6 +4,7 @@
 #include <loom/comm/autograd.hpp>
 #include <loom/errors.hpp>
 #include <loom/tp/layers.hpp>
+#include <loom/util/placeholder.hpp>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -45,9 +46,13 @@ struct binding {
 namespace {
 
 // This rank's slice along dim of the full (identically initialised) tensor.
+// A unit's parameter built under init_module(true) is a placeholder until
+// setup gathers its unit: it stays one, of the slice's shape, and setup
+// gives it the slice (loom::detail::note_tensor_parallel_chunks).
 void keep_slice(torch::Tensor& parameter, int64_t dim, const comm::process_group& group) {
   torch::NoGradGuard no_grad;
-  parameter.set_data(parameter.chunk(group.size(), dim)[group.rank()].clone());
+  const at::Tensor slice = parameter.chunk(group.size(), dim)[group.rank()];
+  parameter.set_data(loom::detail::is_placeholder(parameter) ? slice : slice.clone());
 }
 
 void check_divisible(const std::string& name, const char* what, int64_t extent, const comm::process_group& group,

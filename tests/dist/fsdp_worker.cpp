@@ -6,6 +6,8 @@
 // `fsdp_worker hybrid` runs under loom-run --num-nodes 2.
 #include "law_models.hpp"
 
+#include <loom/util/placeholder.hpp>
+
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/optim/sgd.h>
@@ -302,10 +304,10 @@ void law_tied() {
 // root); after setup the gathered parameters equal one process's, built with
 // the same seed, element for element, and training follows the laws; under
 // ZeRO-3's bf16 mode the shards are bf16 from construction on, equal to the
-// module converted at setup. Where
-// the shards cannot be what setup needs (a weight tied across units; built
-// for FULL_SHARD, set up under SHARD_GRAD_OP) setup refuses with what to do;
-// under SHARD_GRAD_OP init_module(true) has no effect.
+// module converted at setup. Where the shards cannot be what setup needs
+// (a weight tied across units) setup refuses with what to do; cut for
+// FULL_SHARD and set up otherwise, each unit is gathered whole once at
+// setup; under SHARD_GRAD_OP init_module(true) has no effect.
 template <class F>
 std::string setup_refusal(F& fabric, Tied& net) {
   torch::optim::SGD sgd(net->parameters(), 0.5);
@@ -315,6 +317,37 @@ std::string setup_refusal(F& fabric, Tied& net) {
     return error.what();
   }
   return "(no error)";
+}
+
+// HYBRID_SHARD under init_module(true): each unit keeps its shard of the
+// world (4 ranks) from its constructor on; setup gathers each unit once and
+// shards it over its shard group (2 ranks): the gathered parameters equal
+// one process's element for element, and training follows the laws.
+void law_hybrid_construction(fsdp_fabric& fabric) {
+  auto build = [&] {
+    auto guard = fabric.init_module(true);
+    return make_net();
+  };
+  auto net = build();
+  for (const auto& p : net->fc1->parameters()) {
+    LAW_EXPECT(loom::detail::is_placeholder(p), "HYBRID_SHARD, init_module(true): fc1 keeps %zu bytes, not a "
+               "placeholder", p.storage().nbytes());
+  }
+  auto reference = make_net();
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
+  auto [model, optimizer] = fabric.setup(net, adam);
+  const auto gathered = laws::flat(laws::full_parameters(fabric, model, net));
+  LAW_EXPECT(torch::equal(gathered, laws::flat_of(reference)),
+             "HYBRID_SHARD, init_module(true): the gathered parameters differ from one process's by %.3g",
+             (gathered - laws::flat_of(reference)).abs().max().item<double>());
+  laws::law_equivalence(fabric, build, make_net, "HYBRID_SHARD, init_module(true)",
+                        laws::data_parallel_split(fabric));
+  if (fabric.global_rank() == 0) {
+    std::printf("law (init_module(true), HYBRID_SHARD): units keep their shard of the world from construction; "
+                "setup gathers each once and shards it over the shard group; equal to one process's element for "
+                "element\n");
+    std::fflush(stdout);
+  }
 }
 
 // DeepSpeed's bf16 mode under precision P: each shard is bf16 from
@@ -404,22 +437,24 @@ void law_sharded_construction() {
                net->fc1->weight.storage().nbytes());
   }
   {
+    // Cut for FULL_SHARD, set up under SHARD_GRAD_OP (which keeps whole
+    // parameters): setup gathers each unit once, and the module is the one
+    // built whole.
     fsdp_fabric grad_op({}, loom::fsdp(loom::fsdp_options{.strategy = loom::sharding_strategy::shard_grad_op}));
-    auto net = [&] {
-      auto guard = fabric.init_module(true);
-      at::manual_seed(5);
-      return Tied();
-    }();
-    const std::string refused = setup_refusal(grad_op, net);
-    LAW_EXPECT(refused.find("SHARD_GRAD_OP") != std::string::npos,
-               "built under FULL_SHARD's init_module(true), set up under SHARD_GRAD_OP: setup said \"%s\"",
-               refused.c_str());
+    auto net = build();
+    auto reference = make_net();
+    torch::optim::SGD sgd(net->parameters(), 0.5);
+    auto [model, optimizer] = grad_op.setup(net, sgd);
+    const auto gathered = laws::flat(laws::full_parameters(grad_op, model, net));
+    LAW_EXPECT(torch::equal(gathered, laws::flat_of(reference)),
+               "built under FULL_SHARD's init_module(true), set up under SHARD_GRAD_OP: the parameters differ from "
+               "one process's by %.3g", (gathered - laws::flat_of(reference)).abs().max().item<double>());
   }
   if (fabric.global_rank() == 0) {
     std::printf("law (init_module(true)): FULL_SHARD and ZeRO-3 units keep only their shards from construction; "
                 "gathered after setup they equal one process's element for element (ZeRO-3 under bf16-mixed and "
-                "bf16-true: bf16 shards, equal to the module built whole and converted); a tied weight and a "
-                "SHARD_GRAD_OP setup are refused\n");
+                "bf16-true: bf16 shards, equal to the module built whole and converted); a tied weight is refused; "
+                "set up under SHARD_GRAD_OP each unit is gathered whole at setup, equal element for element\n");
     std::fflush(stdout);
   }
 }
@@ -666,6 +701,7 @@ int main(int argc, char** argv) {
           LAW_EXPECT(fabric.world_size() == 4, "HYBRID_SHARD runs on 2 nodes x 2 ranks, not %d ranks",
                      fabric.world_size());
           const char* what = "HYBRID_SHARD (replicate=2, shard=2)";
+          law_hybrid_construction(fabric);
           laws::law_equivalence(fabric, make_net, what);
           laws::law_gradient_norm(fabric, make_net, what);
           laws::law_accumulation(fabric, make_net, what);

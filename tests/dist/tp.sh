@@ -24,6 +24,10 @@ run_tp 2 dropout "tp laws (dropout): world_size=2 all checks passed" \
   "dropout masks agree across the group for replicated activations and differ for sequence-sharded ones"
 run_tp 4 mesh "tp laws (mesh): world_size=4 all checks passed" \
   "a 2 x 2 mesh (FSDP on data parallel 2 x tensor parallel 2) with batch B/2 per data-parallel rank equals single_device with B, clipping norm included"
+run_tp 2 construction "tp laws (construction): world_size=2 all checks passed" \
+  "init_module(true) with tensor-parallel layers in units on 1 x 2: units sharded as built, each gathered once at setup, its chunks kept, equal to single_device"
+run_tp 4 construction "tp laws (construction): world_size=4 all checks passed" \
+  "the same on a 2 x 2 mesh, the chunks sharded again over data parallel"
 timeout 120 "$LOOM_RUN" --devices 4 "$TP" checkpoint "$WORK" "$MARK" > "$WORK/checkpoint.4" 2>&1 ||
   { fail "checkpoint on 4 ranks exited $?"; cat "$WORK/checkpoint.4"; }
 expect_contains "$WORK/checkpoint.4" "tp laws (checkpoint): world_size=4 all checks passed" \

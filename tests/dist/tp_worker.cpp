@@ -20,11 +20,16 @@
 //          gradients;
 //   plan   plans that name a plain torch::nn::Linear, a missing submodule or
 //          an indivisible size are refused with a sentence;
-//   checkpoint DIR  a 2 x 2 mesh's distributed and full checkpoints.
+//   checkpoint DIR  a 2 x 2 mesh's distributed and full checkpoints;
+//   construction  init_module(true) with tensor-parallel layers in units, on
+//          a (N/2) x 2 mesh: units sharded as they are built, gathered one
+//          at a time at setup, equal to single_device.
 // Every rank of the tensor-parallel group sees the same global batch.
 #include "../../bench/memory_probe.hpp"
 #include "../../bench/tp_block.hpp"
 #include "strategy_laws.hpp"
+
+#include <loom/util/placeholder.hpp>
 
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/modules/embedding.h>
@@ -355,6 +360,70 @@ void run_mesh() {
   }
 }
 
+// Tensor-parallel layers inside units, for sharded construction.
+struct PairImpl : torch::nn::Module {
+  PairImpl() : up(register_module("up", loom::tp::Linear(32, 64))), down(register_module("down", loom::tp::Linear(64, 32))) {}
+  at::Tensor forward(const at::Tensor& x) { return down(torch::relu(up(x))); }
+  loom::tp::Linear up, down;
+};
+TORCH_MODULE(Pair);
+struct UnitMlpImpl : torch::nn::Module {
+  UnitMlpImpl()
+      : fc0(register_module("fc0", torch::nn::Linear(16, 32))),
+        b0(register_module("b0", loom::unit<Pair>())),
+        b1(register_module("b1", loom::unit<Pair>())),
+        head(register_module("head", torch::nn::Linear(32, 4))) {}
+  at::Tensor forward(const at::Tensor& x) { return head(torch::relu(b1(torch::relu(b0(torch::relu(fc0(x))))))); }
+  torch::nn::Linear fc0;
+  loom::unit<Pair> b0, b1;
+  torch::nn::Linear head;
+};
+TORCH_MODULE(UnitMlp);
+
+// model_parallel under init_module(true) on a DP x TP mesh: each unit keeps
+// its shard of the world from its constructor on (placeholders in the
+// module); setup gathers each unit once, keeps this rank's tensor-parallel
+// chunks and shards them over the data-parallel group (on one
+// data-parallel rank, keeps them). Gathered after setup the parameters
+// equal one process's built with the same seed, element for element, and
+// training follows the laws.
+void run_construction(int dp, int tp) {
+  const loom::tp::parallelize_plan plan{{"*.up", loom::tp::colwise_parallel{}},
+                                        {"*.down", loom::tp::rowwise_parallel{}}};
+  loom::Fabric<loom::cpu, loom::model_parallel, loom::fp32> fabric(
+      {}, loom::model_parallel(loom::model_parallel_options{
+              .parallelize_fn = [plan](torch::nn::Module& module,
+                                       loom::comm::device_mesh& mesh) { loom::tp::parallelize_module(module, mesh, plan); },
+              .data_parallel_size = dp,
+              .tensor_parallel_size = tp}));
+  const std::string what = "model_parallel " + std::to_string(dp) + " x " + std::to_string(tp) + ", init_module(true)";
+  auto build = [&] {
+    auto guard = fabric.init_module(true);
+    return seeded<UnitMlp>();
+  };
+  auto net = build();
+  for (const auto* unit : {&net->b0, &net->b1}) {
+    for (const auto& p : (*unit)->parameters()) {
+      LAW_EXPECT(loom::detail::is_placeholder(p), "%s: a unit's parameter holds %zu bytes, not a placeholder",
+                 what.c_str(), p.storage().nbytes());
+    }
+  }
+  auto reference = seeded<UnitMlp>();
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
+  auto [model, optimizer] = fabric.setup(net, adam);
+  const auto gathered = laws::flat(laws::full_parameters(fabric, model, net));
+  LAW_EXPECT(torch::equal(gathered, laws::flat_of(reference)),
+             "%s: the gathered parameters differ from one process's by %.3g", what.c_str(),
+             max_difference(gathered, laws::flat_of(reference)));
+  const int rank_dp = fabric.strategy().device_mesh().coordinate("data_parallel");
+  laws::law_equivalence(fabric, build, seeded<UnitMlp>, what.c_str(), laws::batch_split{rank_dp, dp});
+  if (fabric.is_global_zero()) {
+    std::printf("law (tp construction): %s: units keep their shard of the world from construction; setup gathers "
+                "each once, keeps the tensor-parallel chunks%s; equal to one process's element for element\n",
+                what.c_str(), dp > 1 ? " and shards them over data parallel" : "");
+  }
+}
+
 // Checkpoints of a 2 x 2 mesh (FSDP on data parallel 2 x tensor parallel 2),
 // in `directory`: the distributed save (each rank's chunks, sliced again by
 // the engine) and the full save each load into a fresh 2 x 2 model and
@@ -606,6 +675,9 @@ int main(int argc, char** argv) {
                                       {"sequence", [](launcher&) { run_block(true); }},
                                       {"dropout", [](launcher&) { run_dropout(); }},
                                       {"mesh", [](launcher&) { run_mesh(); }},
+                                      {"construction", [](launcher& fabric) {
+                                         run_construction(fabric.world_size() / 2, 2);
+                                       }},
                                       {"plan", [](launcher&) { run_plan(); }},
                                       {"checkpoint", [&](launcher&) { run_checkpoint(directory); }}});
 }

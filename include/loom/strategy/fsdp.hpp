@@ -52,11 +52,15 @@ struct fsdp : parallel {
     return engine;
   }
 
-  // fabric.init_module(true): FULL_SHARD over more than one rank shards
-  // each loom::unit<M> as it is built (unit_construction.hpp); the other
-  // sharding strategies keep or gather whole parameters at setup anyway.
+  // fabric.init_module(true): FULL_SHARD and HYBRID_SHARD over more than
+  // one rank shard each loom::unit<M> as it is built, over the world
+  // (unit_construction.hpp; HYBRID_SHARD's setup gathers each unit once and
+  // shards it over its shard group); SHARD_GRAD_OP and NO_SHARD keep whole
+  // parameters after setup, so construction builds them whole.
   std::optional<detail::construction_sharding> construction_sharding() const {
-    if (options_.strategy != sharding_strategy::full_shard || world_size() < 2) return std::nullopt;
+    const bool shards = options_.strategy == sharding_strategy::full_shard ||
+                        options_.strategy == sharding_strategy::hybrid_shard;
+    if (!shards || world_size() < 2) return std::nullopt;
     return detail::construction_sharding{&runtime_pointer()->group(), options_.sync_module_states};
   }
 

@@ -26,6 +26,7 @@
 #include <loom/strategy/full_state.hpp>
 #include <loom/strategy/no_sync_guard.hpp>
 #include <loom/strategy/parallel.hpp>
+#include <loom/strategy/unit_construction.hpp>
 #include <loom/tp/parallelize.hpp>
 
 #include <chrono>
@@ -94,6 +95,16 @@ struct model_parallel : parallel {
     return *mesh_;
   }
 
+  // fabric.init_module(true): each loom::unit<M> keeps its shard of the
+  // world from its constructor on (unit_construction.hpp); setup gathers
+  // each unit once, as it reaches it, keeps this rank's tensor-parallel
+  // chunks and shards them over the data-parallel group. Tensor-parallel
+  // layers outside any unit are built whole until parallelize_fn slices them.
+  std::optional<detail::construction_sharding> construction_sharding() const {
+    if (world_size() < 2) return std::nullopt;
+    return detail::construction_sharding{&runtime_pointer()->group(), options_.data_parallel.sync_module_states};
+  }
+
   // Samplers read the data-parallel coordinate.
   static constexpr bool sets_sampler_ranks = true;
   int sampler_replicas() { return device_mesh().size("data_parallel"); }
@@ -107,7 +118,14 @@ struct model_parallel : parallel {
     comm::device_mesh& mesh = device_mesh();
     if (move_to_device) module.to(this->device_);
     options_.parallelize_fn(module, mesh);
-    if (mesh.size("data_parallel") == 1) return nullptr;
+    // Units built under init_module(true) are gathered one at a time as the
+    // engine (or, on one data-parallel rank, this) reaches them, each
+    // parameter keeping its tensor-parallel chunk.
+    detail::note_tensor_parallel_chunks(module);
+    if (mesh.size("data_parallel") == 1) {
+      detail::gather_all_constructed(module);
+      return nullptr;
+    }
     fsdp_options sharding = options_.data_parallel;
     sharding.timeout = options_.timeout;
     auto engine = std::make_shared<detail::fsdp_engine>(module, mesh.group("data_parallel"), sharding,

@@ -61,6 +61,7 @@ class unit_marker {
   // What sharded construction left (unit_construction.hpp): this rank's
   // shard of the unit's own parameters, which setup adopts; null: built whole.
   const detail::constructed_shard* constructed() const noexcept { return constructed_.get(); }
+  detail::constructed_shard* constructed() noexcept { return constructed_.get(); }
   void set_constructed(std::shared_ptr<detail::constructed_shard> built) noexcept { constructed_ = std::move(built); }
 
  protected:

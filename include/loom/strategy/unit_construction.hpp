@@ -1,16 +1,24 @@
 // Sharded construction: inside fabric.init_module(true) (Lightning's
 // empty_init=True) under a strategy that shards at construction (fsdp
-// FULL_SHARD, deepspeed stage 3), each loom::unit<M> keeps only this rank's
-// shard of its own parameters the moment its constructor returns, so a
-// model larger than one process can be built unit by unit. Every rank builds
-// each unit whole, in constructor order, with the same seed (CPU generators
-// cannot skip ahead), takes rank 0's values (sync_module_states) and keeps
-// its slice of the unit's flat buffer, laid out as the sharding engine lays
-// units out: the unit's own parameters (those of nested units are theirs)
-// in module order, padded to a multiple of the shard group's size. Until
-// setup, each such parameter is a placeholder of its shape over one NaN (4
-// bytes): a forward before setup computes NaN. Setup adopts the shards and
-// checks the layout it finds is the one they were cut for.
+// FULL_SHARD and HYBRID_SHARD, deepspeed stage 3, model_parallel), each
+// loom::unit<M> keeps only this rank's shard of its own parameters the
+// moment its constructor returns, so a model larger than one process can be
+// built unit by unit. Every rank builds each unit whole, in constructor
+// order, with the same seed (CPU generators cannot skip ahead), takes rank
+// 0's values (sync_module_states) and keeps its slice of the unit's flat
+// buffer, laid out as the sharding engine lays units out: the unit's own
+// parameters (those of nested units are theirs) in module order, padded to
+// a multiple of the world's size. Until setup, each such parameter is a
+// placeholder of its shape over one NaN (one element): a forward before
+// setup computes NaN.
+//
+// Setup adopts a shard whose layout is the engine's (FULL_SHARD, ZeRO-3:
+// the same world, the same rank). Where the engine lays the unit out
+// otherwise (HYBRID_SHARD's shard group, model_parallel's tensor-parallel
+// chunks sharded again over the data-parallel group), the unit is gathered
+// whole over the world once, as setup reaches it, each parameter keeps what
+// the rank holds of it (its tensor-parallel chunk, or all of it) and the
+// engine shards that: setup holds one unit whole at a time.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -42,15 +50,40 @@ struct construction_sharding {
   std::optional<at::ScalarType> dtype;
 };
 
+// A parameter that keeps chunk(parts, dim)[part] of its full tensor (a
+// tensor-parallel layer's); parts 1: all of it.
+struct kept_chunk {
+  std::int64_t dim = 0;
+  int parts = 1;
+  int part = 0;
+};
+
 // What a unit's construction left for setup: this rank's shard of the
 // unit's own parameters and those parameters (TensorImpl addresses), in order.
 struct constructed_shard {
   at::Tensor shard;
   std::vector<const void*> parameters;
-  std::int64_t numel = 0;  // the parameters' elements, before padding
+  std::vector<std::vector<std::int64_t>> shapes;  // each parameter's full shape
+  std::vector<kept_chunk> kept;                   // what of each this rank keeps at setup
+  std::int64_t numel = 0;                         // the parameters' elements, before padding
   int shards = 0;
   int rank = 0;
+  comm::process_group* group = nullptr;  // the construction's (the strategy's world; it outlives setup)
 };
+
+// Gives the unit's parameters (the ones it was cut from, in order) their
+// values again, each the part of its full tensor this rank keeps, and drops
+// the shard: one all-gather of the unit over the construction's group, so
+// every rank of it calls this for the same units in the same order.
+void gather_constructed(unit_marker& marker, const std::vector<at::Tensor>& parameters);
+
+// After a tensor-parallel plan ran over `module`: each constructed unit's
+// parameters that a layer now holds a chunk of keep that chunk at setup.
+void note_tensor_parallel_chunks(torch::nn::Module& module);
+
+// Gathers (gather_constructed) every unit of `module` still holding a
+// construction shard, in module order: setup where no engine shards them.
+void gather_all_constructed(torch::nn::Module& module);
 
 // The scope fabric.init_module(true) opens on this thread; nested scopes
 // restore the outer one. Not movable (the thread refers to it).
