@@ -44,15 +44,15 @@ struct piece {
   std::int64_t part = 0;  // the tensor-parallel chunk it is in
 };
 
-// One tensor from the slices the ranks hold, in range order; replicas (the
-// same range on several ranks: NO_SHARD, HYBRID_SHARD's replicate groups)
-// count once.
-at::Tensor concatenate(std::vector<piece> pieces, const shard_range& range, const std::string& what,
-                       const std::string& path) {
+// One tensor from the slices the ranks hold, in range order, written into
+// `out` (contiguous, range.shape); replicas (the same range on several
+// ranks: NO_SHARD, HYBRID_SHARD's replicate groups) count once.
+void concatenate_into(std::vector<piece> pieces, const shard_range& range, const at::Tensor& out,
+                      const std::string& what, const std::string& path) {
   std::sort(pieces.begin(), pieces.end(), [](const piece& a, const piece& b) { return a.begin < b.begin; });
   std::int64_t numel = 1;
   for (std::int64_t d : range.shape) numel *= d;
-  std::vector<at::Tensor> parts;
+  const at::Tensor flat = out.view({-1});
   std::int64_t covered = 0;
   for (const auto& p : pieces) {
     // A replica, or empty (a parameter wholly in another rank's part of its
@@ -62,29 +62,37 @@ at::Tensor concatenate(std::vector<piece> pieces, const shard_range& range, cons
       fail_checkpoint(path, "the shards of " + what + " do not tile it: elements " + std::to_string(covered) +
                                 " to " + std::to_string(p.begin) + " are in no rank's file");
     }
-    if (p.values.numel() != p.end - p.begin) {
+    if (p.values.numel() != p.end - p.begin || p.end > numel) {
       fail_checkpoint(path, "a shard of " + what + " holds " + std::to_string(p.values.numel()) +
                                 " elements for the range [" + std::to_string(p.begin) + ", " + std::to_string(p.end) +
                                 ")");
     }
-    parts.push_back(p.values.reshape({-1}));
+    flat.narrow(0, p.begin, p.end - p.begin).copy_(p.values.reshape({-1}));
     covered = p.end;
   }
   if (covered != numel) {
     fail_checkpoint(path, "the shards of " + what + " cover " + std::to_string(covered) + " of its " +
                               std::to_string(numel) + " elements");
   }
-  return at::cat(parts).view(range.shape);
 }
 
-// One tensor from the ranks' pieces: each tensor-parallel chunk concatenated
-// from its pieces, then the chunks along their dimension.
+// One tensor from the ranks' pieces: each tensor-parallel chunk
+// concatenated from its pieces into its place in the full tensor (through
+// one chunk-sized buffer where that place is not contiguous: chunks along
+// a dimension other than the first), so assembling holds the full tensor
+// and at most one chunk.
 at::Tensor assemble(std::vector<piece> pieces, const shard_range& range, const std::string& what,
                     const std::string& path) {
-  if (range.dim < 0) return concatenate(std::move(pieces), range, what, path);
+  if (pieces.empty()) fail_checkpoint(path, "no rank's file holds " + what);
+  at::Tensor out = at::empty(range.shape, pieces.front().values.options());
+  if (range.dim < 0) {
+    concatenate_into(std::move(pieces), range, out, what, path);
+    return out;
+  }
   shard_range chunk = range;
   chunk.shape[static_cast<std::size_t>(range.dim)] /= range.parts;
-  std::vector<at::Tensor> chunks;
+  const std::vector<at::Tensor> places = out.chunk(range.parts, range.dim);
+  at::Tensor staging;
   for (std::int64_t part = 0; part < range.parts; ++part) {
     std::vector<piece> mine;
     for (auto& p : pieces) {
@@ -94,9 +102,17 @@ at::Tensor assemble(std::vector<piece> pieces, const shard_range& range, const s
       fail_checkpoint(path, "no rank's file holds tensor-parallel chunk " + std::to_string(part) + " of " +
                                 std::to_string(range.parts) + " of " + what);
     }
-    chunks.push_back(concatenate(std::move(mine), chunk, what + " (chunk " + std::to_string(part) + ")", path));
+    const at::Tensor& place = places[static_cast<std::size_t>(part)];
+    const std::string which = what + " (chunk " + std::to_string(part) + ")";
+    if (place.is_contiguous()) {
+      concatenate_into(std::move(mine), chunk, place, which, path);
+      continue;
+    }
+    if (!staging.defined()) staging = at::empty(chunk.shape, out.options());
+    concatenate_into(std::move(mine), chunk, staging, which, path);
+    place.copy_(staging);
   }
-  return at::cat(chunks, range.dim);
+  return out;
 }
 
 bool is_optimizer_dict(const c10::IValue& value) {

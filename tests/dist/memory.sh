@@ -1,10 +1,11 @@
 #!/bin/sh
 # Memory caps the tests enforce (memory_worker.cpp): FULL_SHARD on 4 and 8
-# ranks and deepspeed_stage_3 on 4 build, train, save and consolidate the
-# 16 x Linear(1024, 1024) MLP with each phase under a heap cap from its
-# formula, and equal single_device (the consolidated file byte for byte the
-# one written whole); each also loads its save and the consolidated file,
-# and FULL_SHARD on 8 ranks the 4-rank save, under their caps, each rank
+# ranks, deepspeed_stage_3 on 4 and model_parallel on a 2 x 2 mesh build,
+# train, save and consolidate the 16 x Linear(1024, 1024) MLP with each
+# phase under a heap cap from its formula, and equal single_device (the
+# consolidated file byte for byte the one written whole); each also loads
+# its save and the consolidated file, and FULL_SHARD on 8 ranks and the
+# 2 x 2 mesh the 4-rank FULL_SHARD save, under their caps, each rank
 # reading its parts. Each phase's negative control (the model built
 # outside init_module(true); parameters kept whole through the step; a full
 # save; the merged checkpoint read whole; the checkpoint read whole by every
@@ -75,6 +76,12 @@ control zero3 4 control_step
 control zero3 4 control_consolidate
 control zero3 4 control_load
 capped capped fsdp 8 "$WORK/reshard_from_4"
+capped capped mp 4 "$WORK/reshard_from_4"
 rm -rf "$WORK/reshard_from_4"
+control mp 4 control_build
+control mp 4 control_step
+control mp 4 control_save
+capped capped_full mp 4
+control mp 4 control_load
 expect_no_leftovers "memory"
 finish

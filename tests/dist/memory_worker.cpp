@@ -22,6 +22,13 @@
 //                  reads its parts of the sharded save, of the consolidated
 //                  file, and of a save from another world size (RESHARD_FROM)
 //                  straight into the state it holds
+// model_parallel on a 2 x 2 mesh (`mp`: the plan column-wise then
+// row-wise, FULL_SHARD on data parallel) holds 1/tp of a unit where the
+// formulas say U (step), gathers each unit whole once at setup and keeps
+// its chunk (build: + U/tp), gathers a chunk over data parallel before the
+// chunks over tensor parallel (full save: W/tp for W/N), and assembles a
+// chunk along the second dimension through one chunk-sized buffer
+// (consolidate: + W/tp).
 // The margin, 6 MiB, covers what no formula names (module objects, Gloo's
 // buffers for a message that arrives before its receive is posted (up to
 // 2 MiB seen at N = 8), the optimizer's temporaries of one shard, a save's
@@ -30,7 +37,8 @@
 //   control_build  the same model built outside init_module(true): whole on
 //                  every rank (4Ψ, 67 MB) before setup shards it;
 //   control_step   parameters kept whole through the step (SHARD_GRAD_OP;
-//                  deepspeed_stage_2 for ZeRO-3), built without a cap;
+//                  deepspeed_stage_2 for ZeRO-3; NO_SHARD on model_parallel's
+//                  data-parallel dimension), built without a cap;
 //   control_save   under the full save's cap, the parameters gathered whole
 //                  (4Ψ, 67 MB), as every full save began before it wrote
 //                  tensor by tensor;
@@ -48,7 +56,7 @@
 // `capped_full` runs the phases with a full save (fsdp; the full file is then
 // loaded back), `uncapped` and `uncapped_full` measure them without caps.
 //
-//   memory_worker fsdp|zero3 capped|capped_full|uncapped|uncapped_full|control_build|control_step|control_save|
+//   memory_worker fsdp|zero3|mp capped|capped_full|uncapped|uncapped_full|control_build|control_step|control_save|
 //                 control_consolidate|control_load|control_full_load N MARK [RESHARD_FROM]
 #include "../allocation_counter.hpp"
 #include "strategy_laws.hpp"
@@ -83,7 +91,7 @@ constexpr auto capped_timeout = std::chrono::seconds(30);
 struct MlpImpl : torch::nn::Module {
   MlpImpl() {
     for (int i = 0; i < hidden_units; ++i) {
-      layers.push_back(register_module("h" + std::to_string(i), loom::unit<torch::nn::Linear>(width, width)));
+      layers.push_back(register_module("h" + std::to_string(i), loom::unit<loom::tp::Linear>(width, width)));
     }
   }
   at::Tensor forward(at::Tensor x) {
@@ -93,9 +101,20 @@ struct MlpImpl : torch::nn::Module {
     }
     return x;
   }
-  std::vector<loom::unit<torch::nn::Linear>> layers;
+  std::vector<loom::unit<loom::tp::Linear>> layers;
 };
 TORCH_MODULE(Mlp);
+
+// model_parallel's plan: column-wise then row-wise pairs (h0 colwise, h1
+// rowwise, ...); until a plan runs, loom::tp::Linear is torch::nn::Linear.
+loom::tp::parallelize_plan mlp_plan() {
+  loom::tp::parallelize_plan plan;
+  for (int i = 0; i < hidden_units; ++i) {
+    if (i % 2 == 0) plan.emplace_back("h" + std::to_string(i), loom::tp::colwise_parallel{});
+    else plan.emplace_back("h" + std::to_string(i), loom::tp::rowwise_parallel{});
+  }
+  return plan;
+}
 
 Mlp make_mlp() {
   at::manual_seed(7);
@@ -228,21 +247,36 @@ template <class F>
 void run_phases(F& fabric, loom::counting_allocator& tensors, const plan& capped) {
   const int n = fabric.world_size();
   const int r = fabric.global_rank();
-  const std::int64_t rows = global_rows / n;
-  const std::int64_t build_formula = 4 * psi / n + unit_bytes;
+  // model_parallel: a data-parallel rank's rows; its tensor-parallel ranks
+  // (tp) hold 1/tp of each unit, which the engine shards over n / tp ranks.
+  int tp = 1, data_rank = r, data_ranks = n;
+  if constexpr (requires { fabric.strategy().device_mesh(); }) {
+    tp = fabric.strategy().device_mesh().size("tensor_parallel");
+    data_rank = fabric.strategy().device_mesh().coordinate("data_parallel");
+    data_ranks = n / tp;
+  }
+  const std::int64_t rows = global_rows / data_ranks;
+  const std::int64_t unit_part = unit_bytes / tp;  // what of a unit a rank holds whole while it computes
+  // Built over the world; model_parallel's setup gathers each unit whole
+  // and keeps its chunk (1/tp) before the engine shards it.
+  const std::int64_t build_formula = 4 * psi / n + unit_bytes + (tp > 1 ? unit_part : 0);
   const std::int64_t activations = 4 * hidden_units * rows * width * 4;
   // Two units in flight in backward (this one, and the one before whose
   // reduction is still on the wire), each with its full gradient and, where
-  // Gloo's reduce-scatter is emulated (N > 2), the chunks it receives;
-  // autograd's weight gradient before it is added into the buffer.
-  const std::int64_t receive_bytes = n > 2 ? unit_bytes : 0;
+  // Gloo's reduce-scatter is emulated (more than 2 data-parallel ranks),
+  // the chunks it receives; autograd's weight gradient before it is added
+  // into the buffer.
+  const std::int64_t receive_bytes = data_ranks > 2 ? unit_part : 0;
   const std::int64_t step_formula =
-      16 * psi / n + 2 * unit_bytes + 2 * (unit_bytes + receive_bytes) + unit_bytes + activations;
+      16 * psi / n + 2 * unit_part + 2 * (unit_part + receive_bytes) + unit_part + activations;
   // What the rank holds (parameters, gradients, Adam's two moments): the
   // file is written from the tensors themselves, record by record; a full
   // save gathers one tensor at a time.
   const std::int64_t weight_bytes = 4 * width * width;
-  const std::int64_t save_formula = 16 * psi / n + (capped.full_save ? 2 * weight_bytes + weight_bytes / n : 0);
+  // (model_parallel gathers a chunk over data parallel, then the chunks
+  // over tensor parallel: W/tp where fsdp has its padded slice W/N.)
+  const std::int64_t slice_bytes = tp > 1 ? weight_bytes / tp : weight_bytes / n;
+  const std::int64_t save_formula = 16 * psi / n + (capped.full_save ? 2 * weight_bytes + slice_bytes : 0);
   meter measure(tensors);
   warm_up();
   fabric.barrier();
@@ -261,8 +295,8 @@ void run_phases(F& fabric, loom::counting_allocator& tensors, const plan& capped
   measure.begin("step", step_formula, capped.step);
   for (int step = 0; step < steps; ++step) {
     optimizer.zero_grad();
-    const auto loss = torch::nn::functional::cross_entropy(model(inputs(step).narrow(0, r * rows, rows)),
-                                                           targets(step).narrow(0, r * rows, rows));
+    const auto loss = torch::nn::functional::cross_entropy(model(inputs(step).narrow(0, data_rank * rows, rows)),
+                                                           targets(step).narrow(0, data_rank * rows, rows));
     fabric.backward(loss);
     optimizer.step();
   }
@@ -281,7 +315,9 @@ void run_phases(F& fabric, loom::counting_allocator& tensors, const plan& capped
   // Rank 0 makes one file of the save (loom-consolidate's function) while
   // it holds its state; the others wait. A full save is one file already.
   if (loom::is_sharded_checkpoint(path) || loom::is_deepspeed_checkpoint(path)) {
-    const std::int64_t consolidate_formula = 16 * psi / n + 4 * width * width;
+    // The largest tensor, assembled; a tensor-parallel chunk along another
+    // dimension than the first goes through one chunk-sized buffer.
+    const std::int64_t consolidate_formula = 16 * psi / n + weight_bytes + (tp > 1 ? weight_bytes / tp : 0);
     const std::string consolidated = path + ".pt";
     measure.begin("consolidate", consolidate_formula, capped.consolidate);
     if (r == 0) {
@@ -375,7 +411,7 @@ loom::Fabric<loom::cpu, Strategy, loom::fp32> make_fabric(Strategy strategy) {
 int main(int argc, char** argv) {
   auto& tensors = loom::install_counting_allocator();
   if (argc < 4) {
-    std::fprintf(stderr, "usage: memory_worker fsdp|zero3 capped|capped_full|uncapped|uncapped_full|control_build|control_step|"
+    std::fprintf(stderr, "usage: memory_worker fsdp|zero3|mp capped|capped_full|uncapped|uncapped_full|control_build|control_step|"
                          "control_save|control_consolidate|control_load|control_full_load N [MARK [RESHARD_FROM]]\n");
     return 2;
   }
@@ -384,7 +420,7 @@ int main(int argc, char** argv) {
   const std::set<std::string> scenarios{"capped",       "capped_full",       "uncapped",      "uncapped_full", "control_build",
                                         "control_step", "control_save",      "control_consolidate",
                                         "control_load", "control_full_load"};
-  if ((which != "fsdp" && which != "zero3") || scenarios.count(scenario) == 0 ||
+  if ((which != "fsdp" && which != "zero3" && which != "mp") || scenarios.count(scenario) == 0 ||
       (which == "zero3" && (scenario == "control_save" || scenario == "uncapped_full" || scenario == "capped_full"))) {
     std::fprintf(stderr, "memory_worker: unknown strategy '%s' or scenario '%s'\n", which.c_str(), scenario.c_str());
     return 2;
@@ -409,7 +445,7 @@ int main(int argc, char** argv) {
                       .consolidate = all || (scenario == "control_consolidate" && launcher.global_rank() == 0),
                       .load = all || (scenario == "control_load" && last),
                       .full_load = all || (scenario == "control_full_load" && last),
-                      .reshard = all && which == "fsdp",
+                      .reshard = all,
                       .eager_consolidate = scenario == "control_consolidate",
                       .eager_load = scenario == "control_load" || scenario == "control_full_load",
                       .full_save = full_save,
@@ -424,6 +460,19 @@ int main(int argc, char** argv) {
           .strategy = whole_parameters ? loom::sharding_strategy::shard_grad_op : loom::sharding_strategy::full_shard,
           .state_dict = full_save ? loom::state_dict_type::full : loom::state_dict_type::sharded,
           .collective_timeout = timeout}));
+      run_phases(fabric, tensors, capped);
+    } else if (which == "mp") {
+      // 2 x 2: the plan on tensor parallel 2, FULL_SHARD on data parallel 2
+      // (the control: NO_SHARD, each data-parallel rank's chunks whole).
+      auto fabric = make_fabric(loom::model_parallel(loom::model_parallel_options{
+          .parallelize_fn = [](torch::nn::Module& module,
+                               loom::comm::device_mesh& mesh) { loom::tp::parallelize_module(module, mesh, mlp_plan()); },
+          .data_parallel_size = launcher.world_size() / 2,
+          .tensor_parallel_size = 2,
+          .save_distributed_checkpoint = !full_save,
+          .collective_timeout = timeout,
+          .data_parallel = loom::fsdp_options{.strategy = whole_parameters ? loom::sharding_strategy::no_shard
+                                                                           : loom::sharding_strategy::full_shard}}));
       run_phases(fabric, tensors, capped);
     } else if (whole_parameters) {
       auto fabric = make_fabric(loom::deepspeed_stage_2(loom::deepspeed_options{.collective_timeout = timeout}));
