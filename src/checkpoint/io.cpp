@@ -441,8 +441,8 @@ checkpoint_contents detail::parse_checkpoint(std::span<const char> bytes, const 
 namespace {
 
 // 1. Every entry of target checked against contents; nothing changes.
-void validate_contents(const std::string& path, const checkpoint_contents& contents, const state& target, bool strict) {
-  const detail::parameter_names names = names_of(target);
+void validate_contents(const std::string& path, const checkpoint_contents& contents, const state& target, bool strict,
+                       const detail::parameter_names& names) {
   std::vector<std::string> problems;
   std::vector<std::string> missing;
   for (const auto& entry : target.entries()) {
@@ -476,8 +476,8 @@ void validate_contents(const std::string& path, const checkpoint_contents& conte
 
 // 2. and 3.: contents (validated) loaded into target; the entries target did
 // not ask for returned.
-state apply_contents(const std::string& path, const checkpoint_contents& contents, const state& target, bool strict) {
-  const detail::parameter_names names = names_of(target);
+state apply_contents(const std::string& path, const checkpoint_contents& contents, const state& target, bool strict,
+                     const detail::parameter_names& names) {
   // 2. Entries whose load can still fail go first, each after a snapshot.
   std::vector<std::pair<detail::entry_io*, c10::IValue>> undo;
   for (const auto& entry : target.entries()) {
@@ -546,8 +546,9 @@ state load_checkpoint(const std::string& path, const state& target, bool strict)
   const checkpoint_contents contents = !fs::is_directory(path, ec)    ? read_checkpoint(path)
                                        : is_deepspeed_checkpoint(path) ? read_deepspeed_checkpoint(path)
                                                                        : read_sharded_checkpoint(path);
-  validate_contents(path, contents, target, strict);
-  return apply_contents(path, contents, target, strict);
+  const detail::parameter_names names = names_of(target);
+  validate_contents(path, contents, target, strict, names);
+  return apply_contents(path, contents, target, strict, names);
 }
 
 namespace {
@@ -556,9 +557,8 @@ namespace {
 // parameters named in mine (their data is this rank's part), and each
 // optimizer's per-parameter state of them, by (entry, name, field).
 using live_tensors = std::map<std::tuple<std::string, std::string, std::string>, at::Tensor>;
-live_tensors live_parts(const state& target, const rank_parts& mine) {
+live_tensors live_parts(const state& target, const rank_parts& mine, const detail::parameter_names& names) {
   live_tensors live;
-  const detail::parameter_names names = names_of(target);
   for (const auto& entry : target.entries()) {
     if (const torch::nn::Module* module = entry.io().module()) {
       for (const auto& item : module->named_parameters()) {
@@ -579,15 +579,17 @@ live_tensors live_parts(const state& target, const rank_parts& mine) {
 
 state load_local_parts(const std::string& path, const state& target, const rank_parts& mine, bool strict,
                        comm::process_group& group) {
+  // The parameters' names, once for the three passes below.
+  const detail::parameter_names names = names_of(target);
   std::exception_ptr failure;
   try {
     const checkpoint_contents checked = read_local_parts(path, mine, {.verify_only = true});
-    validate_contents(path, checked, target, strict);
+    validate_contents(path, checked, target, strict, names);
   } catch (...) {
     failure = std::current_exception();
   }
   agree_to_load(path, failure, group);
-  const live_tensors live = live_parts(target, mine);
+  const live_tensors live = live_parts(target, mine, names);
   local_read into_live;
   into_live.into = [&live](const std::string& entry, const std::string& name, const std::string& field) {
     auto found = live.find({entry, name, field});
@@ -600,7 +602,7 @@ state load_local_parts(const std::string& path, const state& target, const rank_
     throw checkpoint_error(std::string(error.what()) + " (on the second read: it was checked whole before the "
                            "load, so it changed meanwhile, and this rank's state is partly loaded; load again)");
   }
-  return apply_contents(path, contents, target, strict);
+  return apply_contents(path, contents, target, strict, names);
 }
 
 // ---------------------------------------------------------------------------

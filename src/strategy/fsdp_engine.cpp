@@ -936,13 +936,6 @@ void fsdp_engine::after_full_state(bool changed) {
   unpin_shards(changed);
 }
 
-std::optional<shard_range> fsdp_engine::shard_of(const at::Tensor& parameter) const {
-  for (const auto& where : placements()) {
-    if (where.parameter.is_same(parameter)) return save_range(where);
-  }
-  return std::nullopt;
-}
-
 bool fsdp_engine::knows_state_layout(torch::optim::Optimizer& optimizer) {
   return for_each_state_tensor(optimizer, [](const at::Tensor&, std::string_view, at::Tensor&) {});
 }

@@ -123,28 +123,11 @@ std::vector<state_slot> state_slots(const std::vector<torch::optim::Optimizer*>&
   return slots;
 }
 
-// After body: every full-sized state tensor of a split parameter (body may
-// have replaced them: a load does) becomes this rank's part.
-void slice_full_state(const std::vector<torch::optim::Optimizer*>& optimizers,
-                      const std::unordered_map<const void*, const placement*>& where_of) {
-  for (torch::optim::Optimizer* optimizer : optimizers) {
-    for_each_state_tensor(*optimizer, [&](const at::Tensor& parameter, std::string_view, at::Tensor& value) {
-      auto found = where_of.find(parameter.unsafeGetTensorImpl());
-      if (found == where_of.end() || !value.defined() || value.dim() == 0) return;
-      const placement& where = *found->second;
-      std::int64_t full_numel = 1;
-      for (std::int64_t extent : where.shape) full_numel *= extent;
-      if (value.numel() != full_numel || value.sizes() == where.local.sizes()) return;
-      value = local_part(where, value).clone();
-    });
-  }
-}
-
 }  // namespace
 
 void with_full_state(const std::vector<std::weak_ptr<fsdp_engine>>& engines,
                      const std::vector<const torch::nn::Module*>& modules,
-                     const std::vector<torch::optim::Optimizer*>& optimizers, bool write_back, bool keeps,
+                     const std::vector<torch::optim::Optimizer*>& optimizers, bool keeps,
                      const std::function<void()>& body) {
   at::NoGradGuard no_grad;
   engines_in_scope scope(live_engines(engines));
@@ -173,34 +156,17 @@ void with_full_state(const std::vector<std::weak_ptr<fsdp_engine>>& engines,
     for (std::size_t i = 0; i < placed.size(); ++i) placed[i].parameter.set_data(full[i]);
     for (auto& slot : slots) *slot.value = slot.full;
   }
-  auto restore = [&](bool keep) {
-    for (const auto& where : placed) {
-      at::Tensor local = where.local;
-      if (keep) {
-        at::Tensor part = local_part(where, where.parameter.detach());
-        if (where.engine_owned) {
-          if (local.numel() > 0) local.copy_(part);
-        } else {
-          local = part.clone();
-        }
-      }
-      where.parameter.set_data(local);
-    }
-    if (keep) {
-      slice_full_state(optimizers, where_of);
-    } else {
-      for (auto& slot : slots) *slot.value = slot.original;
-    }
+  auto restore = [&] {
+    for (const auto& where : placed) where.parameter.set_data(where.local);
+    for (auto& slot : slots) *slot.value = slot.original;
   };
   try {
     body();
   } catch (...) {
-    restore(false);
+    restore();
     throw;
   }
-  const bool changed = keeps && write_back;
-  restore(changed);
-  scope.changed = changed;
+  restore();
 }
 
 namespace {

@@ -92,7 +92,7 @@ std::vector<at::Tensor> full_parameters(F& fabric, Model& model, Net& net) {
     std::vector<at::Tensor> out;
     std::vector<std::weak_ptr<loom::detail::fsdp_engine>> engines;
     if (model.session().state()) engines.push_back(model.session().state());
-    loom::detail::with_full_state(engines, {net.get()}, {}, /*write_back=*/false, /*keeps=*/true, [&] {
+    loom::detail::with_full_state(engines, {net.get()}, {}, /*keeps=*/true, [&] {
       for (const auto& p : net->parameters()) out.push_back(p.detach().clone());
     });
     return out;

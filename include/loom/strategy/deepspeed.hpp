@@ -370,7 +370,7 @@ struct deepspeed : fsdp {
     const state no_optimizers;
     loom::save_deepspeed_checkpoint(path, saved, metadata, layout, group(),
                                     [&](const std::function<void()>& body) {
-                                      with_full_state(no_optimizers, /*write_back=*/false, /*root=*/0, body);
+                                      with_full_state(no_optimizers, /*root=*/0, body);
                                     });
   }
 

@@ -140,8 +140,8 @@ struct fsdp : parallel {
   // Runs body with every live engine's parameters (and the checkpoint's
   // optimizers' state) full-sized.
   template <class Body>
-  void with_full_state(const state& checkpoint, bool write_back, int root, Body&& body) {
-    detail::with_full_state(engines_, checkpoint.modules(), checkpoint.optimizers(), write_back,
+  void with_full_state(const state& checkpoint, int root, Body&& body) {
+    detail::with_full_state(engines_, checkpoint.modules(), checkpoint.optimizers(),
                             /*keeps=*/root < 0 || root == global_rank(), body);
   }
 

@@ -106,8 +106,6 @@ class fsdp_engine {
   // The end of a full-state scope (full_state.hpp): the parameters point at
   // their shards, and a shard store writes them when changed.
   void after_full_state(bool changed);
-  // This rank's slice of a sharded parameter (nullopt: not sharded here).
-  std::optional<shard_range> shard_of(const at::Tensor& parameter) const;
   // Whether an optimizer's per-parameter state can be sliced and gathered
   // (SGD, Adam, AdamW, RMSprop, Adagrad).
   static bool knows_state_layout(torch::optim::Optimizer& optimizer);

@@ -29,13 +29,13 @@ std::vector<placement> placements_of(const std::vector<std::weak_ptr<fsdp_engine
 // momentum_buffer, ...), full-sized. Collective: every rank calls it with
 // the same arguments. Only where `keeps` does body see full tensors (a save
 // that one rank writes: the others take part in the gathers, one parameter at
-// a time, and hold nothing). With write_back each rank then keeps its part of
-// what body left, the optimizers' state included (a load); without, its parts
-// come back; also when body throws. An engine's shard store holds its shards
-// in memory meanwhile.
+// a time, and hold nothing). Each rank's parts come back after, also when
+// body throws; what body changed is not kept (loads go through
+// load_local_state). An engine's shard store holds its shards in memory
+// meanwhile.
 void with_full_state(const std::vector<std::weak_ptr<fsdp_engine>>& engines,
                      const std::vector<const torch::nn::Module*>& modules,
-                     const std::vector<torch::optim::Optimizer*>& optimizers, bool write_back, bool keeps,
+                     const std::vector<torch::optim::Optimizer*>& optimizers, bool keeps,
                      const std::function<void()>& body);
 
 // A load in place of this rank's parts (load_local_parts): every split or
