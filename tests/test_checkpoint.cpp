@@ -979,11 +979,12 @@ TEST_CASE("checking a checkpoint's structure holds at most the structure budget"
                                     "directory and pickle) needs more than 1 MiB to check"));
   CHECK(small.peak() <= (std::size_t{1} << 20));
   CHECK(small.held() == 0);
-  // A zip directory of 10,000 entries against a budget of 64 KiB: refused
-  // while the directory is read.
+  // A zip directory of 10,004 entries (the tensors, data.pkl, byteorder,
+  // loom's block table, version) against a budget of 64 KiB: refused while
+  // the directory is read.
   loom::detail::structure_budget tiny(std::size_t{64} << 10);
   CHECK_THROWS_WITH(loom::detail::verify_zip_records(archive, "many.pt", tiny),
-                    Catch::Contains("checkpoint many.pt: has a zip directory of 10003 entries, and its structure"));
+                    Catch::Contains("checkpoint many.pt: has a zip directory of 10004 entries, and its structure"));
   CHECK(tiny.held() == 0);
   // 10^6 values pending at once (a dict's keys and values under one MARK),
   // walked with a budget of 4 MiB: refused at the budget, not at the end.
@@ -1026,6 +1027,62 @@ TEST_CASE("an optimizer state whose step is no step count is refused", "[checkpo
     loom::write_checkpoint(dir.file("forged.ckpt"), contents);
     CHECK_THROWS_WITH(loom::load_checkpoint(dir.file("forged.ckpt"), {{"model", model}, {"optimizer", optimizer}}),
                       Catch::Contains("has a step that is not a step count (0 to 2^53)"));
+  }
+}
+
+namespace {
+// The bytes this process has read from files (read and pread: /proc/self/io's rchar).
+std::int64_t bytes_read_so_far() {
+  std::ifstream io("/proc/self/io");
+  std::string key;
+  std::int64_t value = 0;
+  while (io >> key >> value) {
+    if (key == "rchar:") return value;
+  }
+  return 0;
+}
+}  // namespace
+
+// A rank's part of a full file (read_local_parts) is read as the 64 KiB
+// blocks that hold it, each checked against loom's block table: a flipped
+// byte in a block the part lies in is refused naming the bytes; one outside
+// it is not read, so not seen.
+TEST_CASE("a rank's read of part of a full file reads and checks only the blocks that hold it", "[checkpoint]") {
+  loom_test::scratch_dir dir("ckpt-blocks");
+  at::manual_seed(3);
+  torch::nn::Linear model(1024, 1024);  // weight: 4 MiB, 64 blocks
+  const std::string path = dir.file("full.ckpt");
+  loom::save_checkpoint(path, {{"model", model}}, {}, {});
+  const std::string bytes = read_bytes(path);
+  REQUIRE(bytes.find("loom_block_crc32") != std::string::npos);
+  // Elements [2^18, 2^19) of the flattened weight: bytes 1 MiB to 2 MiB, blocks 16 to 31.
+  const std::int64_t from = 1 << 18, count = 1 << 18;
+  const loom::rank_parts mine{{"weight", loom::rank_part{loom::shard_range{from, from + count, {1024, 1024}}, {count}}}};
+  const at::Tensor expected = model->weight.detach().reshape({-1}).narrow(0, from, count);
+  auto part_of = [&](const std::string& file) {
+    const loom::checkpoint_contents contents = loom::read_local_parts(file, mine);
+    return contents.entries.at("model").toGenericDict().at("weight").toTensor();
+  };
+  const std::int64_t before = bytes_read_so_far();
+  CHECK(torch::equal(part_of(path), expected));
+  const std::int64_t read = bytes_read_so_far() - before;
+  CHECK(read >= (1 << 20));
+  CHECK(read < (1 << 20) + (64 << 10));  // its 16 blocks and the bias's record (4 KiB)
+  const std::size_t weight_at = zip_record_data(bytes, "archive/data/0");
+  SECTION("a flipped byte in a block the part lies in") {
+    std::string flipped = bytes;
+    flipped[weight_at + (1 << 20) + (200 << 10)] ^= 0x5A;  // block 19
+    write_bytes(dir.file("inside.ckpt"), flipped);
+    CHECK_THROWS_WITH(part_of(dir.file("inside.ckpt")),
+                      Catch::Contains("corrupted (CRC32 mismatch) in record 'archive/data/0' (bytes 1245184 to 1310720)"));
+  }
+  SECTION("a flipped byte in a block it does not read") {
+    std::string flipped = bytes;
+    flipped[weight_at + (3 << 20)] ^= 0x5A;  // block 48
+    write_bytes(dir.file("outside.ckpt"), flipped);
+    CHECK(torch::equal(part_of(dir.file("outside.ckpt")), expected));
+    // A whole read checks every record.
+    CHECK_THROWS_WITH(loom::read_checkpoint(dir.file("outside.ckpt")), Catch::Contains("CRC32 mismatch"));
   }
 }
 

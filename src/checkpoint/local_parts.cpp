@@ -3,10 +3,12 @@
 // the small records) is touched; its tensors lie over the mapping unread.
 // Every split tensor this rank wants is allocated at its part's size, and
 // each copy into it is planned as a run of elements from one source record.
-// Then each planned record is read once, whole, through one bounded buffer
-// (pread, never a fault on the mapping): its CRC32 is computed as it
-// streams, and the planned elements are copied out of each chunk. A record
-// no part of this rank lies in is never read.
+// Then each planned record is read through one bounded buffer (pread, never
+// a fault on the mapping): where loom wrote the file, only the blocks
+// (64 KiB) that hold a planned element, each checked against its CRC32 from
+// the file's block table (block_crc.hpp); otherwise the whole record,
+// checked against the zip's CRC32. The planned elements are copied out of
+// each chunk. A record no part of this rank lies in is never read.
 //
 // Elements are placed by the one rule the save layout gives (shard_range):
 // a range holds flat elements [begin, end) of chunk `part` of `parts` along
@@ -147,32 +149,31 @@ class record_plan {
   }
 
   void run() {
-    std::vector<char> buffer;
+    std::vector<char> buffer;  // grown to the longest run read, up to local_read_buffer_bytes
     for (auto& [where, copies] : planned_) {
       const source_file& file = *where.first;
       const detail::unread_record& record = file.unread.at(where.second);
       std::sort(copies.begin(), copies.end(), [](const planned& a, const planned& b) { return a.offset < b.offset; });
-      buffer.resize(std::min<std::uint64_t>(record.bytes, local_read_buffer_bytes));
-      std::uint32_t crc = detail::crc32_of(nullptr, 0);
-      std::size_t next = 0;  // the first copy not wholly done
-      for (std::uint64_t at = 0; at < record.bytes;) {
-        const auto chunk = static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), record.bytes - at));
-        detail::read_at(*file.mapped, record.offset + at, buffer.data(), chunk, file.path, &fail_checkpoint);
-        crc = detail::crc32_update(crc, buffer.data(), chunk);
-        const std::uint64_t end = at + chunk;
-        for (std::size_t c = next; c < copies.size() && copies[c].offset < end; ++c) {
-          const planned& p = copies[c];
-          const std::uint64_t lo = std::max(p.offset, at), hi = std::min(p.offset + p.bytes, end);
-          if (lo < hi && p.to != nullptr) std::memcpy(p.to + (lo - p.offset), buffer.data() + (lo - at), hi - lo);
-          if (c == next && p.offset + p.bytes <= end) ++next;
+      // The blocks the copies touch, in runs of consecutive blocks, each
+      // block read once and checked against its CRC32 (loom's table);
+      // without a table the record is one block, checked against the zip's.
+      const std::uint64_t block = record.block_bytes > 0 ? record.block_bytes : record.bytes;
+      const std::uint64_t blocks = record.block_bytes > 0 ? record.block_crcs.size() : 1;
+      span_reader reader{file, record, block, buffer, copies};
+      std::uint64_t begin = 0, end = 0;  // the run of blocks not read yet
+      for (const planned& copy : copies) {
+        if (copy.bytes == 0) continue;
+        const std::uint64_t first = copy.offset / block, last = (copy.offset + copy.bytes - 1) / block + 1;
+        if (copy.offset + copy.bytes > record.bytes || last > blocks) {
+          fail_checkpoint(file.path, "plans a read past the end of record '" + record.name + "'");
         }
-        at = end;
+        if (first > end) {  // a gap: the run so far is read, and a new one starts
+          reader.read(begin, end);
+          begin = first;
+        }
+        end = std::max(end, last);
       }
-#ifndef LOOM_FUZZING
-      if (crc != record.crc) {
-        fail_checkpoint(file.path, "is corrupted (CRC32 mismatch) in record '" + record.name + "'");
-      }
-#endif
+      reader.read(begin, end);
     }
     planned_.clear();
   }
@@ -181,6 +182,63 @@ class record_plan {
   struct planned {
     std::uint64_t offset = 0, bytes = 0;  // within the record
     char* to = nullptr;
+  };
+
+  // Reads runs of a record's blocks through the buffer (one pread per
+  // buffer), checks each block's CRC32, and copies out the planned bytes.
+  struct span_reader {
+    const source_file& file;
+    const detail::unread_record& record;
+    std::uint64_t block;
+    std::vector<char>& buffer;
+    const std::vector<planned>& copies;
+    std::size_t next = 0;  // the first copy not wholly done
+
+    void read(std::uint64_t first_block, std::uint64_t end_block) {
+      if (first_block >= end_block) return;
+      const std::uint64_t to = std::min(record.bytes, end_block * block);
+      const std::uint64_t longest = std::min<std::uint64_t>(to - first_block * block, local_read_buffer_bytes);
+      if (buffer.size() < longest) buffer.resize(static_cast<std::size_t>(longest));
+      std::uint64_t index = first_block;
+      std::uint32_t crc = detail::crc32_of(nullptr, 0);
+      for (std::uint64_t at = first_block * block; at < to;) {
+        const auto chunk = static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), to - at));
+        detail::read_at(*file.mapped, record.offset + at, buffer.data(), chunk, file.path, &fail_checkpoint);
+        const std::uint64_t end = at + chunk;
+        for (std::uint64_t position = at; position < end;) {
+          const std::uint64_t block_end = std::min(record.bytes, (index + 1) * block);
+          const std::uint64_t upto = std::min(block_end, end);
+          crc = detail::crc32_update(crc, buffer.data() + (position - at), upto - position);
+          position = upto;
+          if (position == block_end) {
+            check(index, crc);
+            crc = detail::crc32_of(nullptr, 0);
+            ++index;
+          }
+        }
+        for (std::size_t c = next; c < copies.size() && copies[c].offset < end; ++c) {
+          const planned& p = copies[c];
+          const std::uint64_t lo = std::max(p.offset, at), hi = std::min(p.offset + p.bytes, end);
+          if (lo < hi && p.to != nullptr) std::memcpy(p.to + (lo - p.offset), buffer.data() + (lo - at), hi - lo);
+          if (c == next && p.offset + p.bytes <= end) ++next;
+        }
+        at = end;
+      }
+    }
+
+    void check(std::uint64_t index, std::uint32_t crc) const {
+      const std::uint32_t expected =
+          record.block_bytes > 0 ? record.block_crcs[static_cast<std::size_t>(index)] : record.crc;
+#ifndef LOOM_FUZZING
+      if (crc != expected) {
+        const std::uint64_t from = index * block, to = std::min(record.bytes, from + block);
+        fail_checkpoint(file.path, "is corrupted (CRC32 mismatch) in record '" + record.name + "' (bytes " +
+                                       std::to_string(from) + " to " + std::to_string(to) + ")");
+      }
+#else
+      (void)crc, (void)expected;
+#endif
+    }
   };
   std::map<std::pair<const source_file*, const void*>, std::vector<planned>> planned_;
 };

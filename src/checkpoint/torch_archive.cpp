@@ -3,6 +3,7 @@
 #include "file_bytes.hpp"
 
 #include "python_pickle.hpp"
+#include "block_crc.hpp"
 #include "structure_budget.hpp"
 #include "tensor_records.hpp"
 
@@ -116,10 +117,14 @@ void write_torch_archive(const c10::IValue& root, const std::function<void(const
   static constexpr char byteorder[] = "little";
   writer.writeRecord("byteorder", byteorder, sizeof(byteorder) - 1);
   const std::vector<at::Tensor>& storages = pickler.tensorData();
+  block_crc_table blocks;
   for (std::size_t i = 0; i < storages.size(); ++i) {
     const auto data = torch::jit::getWriteableTensorData(materialize ? materialize(storages[i]) : storages[i]);
+    blocks.add(data.data(), data.sizeInBytes());
     writer.writeRecord("data/" + std::to_string(i), data.data(), data.sizeInBytes());
   }
+  const std::string table = blocks.bytes();
+  writer.writeRecord(std::string(block_crc_record), table.data(), table.size());
   writer.writeEndOfFile();
   if (failure) std::rethrow_exception(failure);
 }
@@ -435,10 +440,34 @@ c10::IValue read_torch_archive(std::span<const char> bytes, const std::string& p
 
 namespace {
 
+// The table's blocks of storage record data/<key>, checked against the
+// zip directory's size of it; none where the table does not list the key.
+void attach_blocks(unread_record& entry, const block_crcs& blocks, const std::string& key, const std::string& path) {
+  if (blocks.records.empty() || key.empty() || key.size() > 18 ||
+      key.find_first_not_of("0123456789") != std::string::npos) {
+    return;
+  }
+  const std::uint64_t index = std::stoull(key);
+  if (index >= blocks.records.size()) return;
+  const record_blocks& listed = blocks.records[static_cast<std::size_t>(index)];
+  if (listed.bytes != entry.bytes) {
+    fail_checkpoint(path, "record '" + std::string(block_crc_record) + "' lists " + std::to_string(listed.bytes) +
+                              " bytes for '" + entry.name + "', which holds " + std::to_string(entry.bytes));
+  }
+  entry.block_bytes = blocks.block_bytes;
+  entry.block_crcs = listed.crcs;
+}
+
 c10::IValue read_archive(std::span<const char> bytes, const std::string& path, structure_budget& budget,
                          std::shared_ptr<const void> backing, unread_records* unread) {
   torch_zip zip(budget);
   read_torch_zip(bytes, path, budget, zip, /*check_storages=*/unread == nullptr);
+  // A ranged reader checks the blocks it reads where loom's table lists
+  // them (its record's zip CRC32 was checked with the others above).
+  block_crcs blocks;
+  if (const zip_record* table = zip.find(block_crc_record); table != nullptr && unread != nullptr) {
+    blocks = parse_block_crc_table({bytes.data() + table->start, table->bytes}, path);
+  }
   try {
     if (zip.find("constants.pkl") != nullptr) {
       fail_checkpoint(path, "is a LibTorch archive (torch::save(module or optimizer, path)), not a checkpoint; read it with "
@@ -478,7 +507,7 @@ c10::IValue read_archive(std::span<const char> bytes, const std::string& path, s
       position += count;
       return count;
     };
-    tensor_records records([&zip, &bytes, &path, &backing, unread](const std::string& name) {
+    tensor_records records([&zip, &bytes, &path, &backing, &blocks, unread](const std::string& name) {
       const zip_record* record = zip.find("data/" + name);
       if (record == nullptr) {
         fail_checkpoint(path, "record data.pkl names a storage record 'data/" + name + "' the archive does not hold");
@@ -486,7 +515,9 @@ c10::IValue read_archive(std::span<const char> bytes, const std::string& path, s
       char* start = const_cast<char*>(bytes.data()) + record->start;
       if (unread != nullptr && record->bytes > 0) {
         // Left unread: nothing computes on these pages (a ranged reader reads the bytes).
-        (*unread)[start] = {std::string(record->name), record->start, record->bytes, record->crc};
+        unread_record& entry = (*unread)[start];
+        entry = {std::string(record->name), record->start, record->bytes, record->crc, 0, {}};
+        attach_blocks(entry, blocks, name, path);
         auto* hold = new std::shared_ptr<const void>(backing);
         at::DataPtr over(start, hold, &release_backing, c10::Device(c10::kCPU));
         return std::make_tuple(std::move(over), static_cast<std::size_t>(record->bytes));

@@ -57,13 +57,17 @@ c10::IValue read_torch_archive(std::span<const char> bytes, const std::string& p
 c10::IValue read_torch_archive(std::span<const char> bytes, const std::string& path, structure_budget& budget,
                                std::shared_ptr<const void> backing = nullptr);
 // A storage record read_torch_archive_structure left unread: the record's
-// name, where its bytes lie in the file, and the CRC32 the zip directory
-// gives them; keyed by the storage's first byte in the mapping (the data
-// pointer of every tensor over it).
+// name, where its bytes lie in the file, the CRC32 the zip directory gives
+// them and, where loom wrote the file, the CRC32 of each of its blocks
+// (block_crc.hpp; block_bytes 0: none, the record is checked whole); keyed
+// by the storage's first byte in the mapping (the data pointer of every
+// tensor over it).
 struct unread_record {
   std::string name;
   std::uint64_t offset = 0, bytes = 0;
   std::uint32_t crc = 0;
+  std::uint64_t block_bytes = 0;
+  std::vector<std::uint32_t> block_crcs;
 };
 using unread_records = std::unordered_map<const void*, unread_record>;
 // The archive's structure without its tensors' bytes (a rank that reads

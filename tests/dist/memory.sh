@@ -15,6 +15,9 @@ set -eu
 # shellcheck source=tests/dist/common.sh
 . "$(dirname "$0")/common.sh"
 MEMORY_WORKER=$(realpath "$3")
+HEAP_CAP=$(realpath "$4")
+CONSOLIDATE=$(realpath "$5")
+SANITIZED=0
 # The saves go to this test's directory, removed with it (0.6 GB a run).
 export LOOM_TEST_DIR="$WORK"
 # glibc's mmap threshold, fixed: freed blocks go back to the system, so the
@@ -31,7 +34,7 @@ capped() {
   out="$WORK/${scenario}_$1_$2"
   status=0
   timeout 150 "$MEMORY_WORKER" "$1" "$scenario" "$2" "$MARK" ${3:+"$3"} > "$out" 2>&1 || status=$?
-  if [ $status -eq 77 ]; then skip "$(cat "$out")"; return; fi
+  if [ $status -eq 77 ]; then SANITIZED=1; skip "$(cat "$out")"; return; fi
   if [ $status -ne 0 ]; then fail "$1 $scenario on $2 ranks exited $status"; sed 's/^/    /' "$out" | tail -n 30; return; fi
   expect_contains "$out" "memory caps ($1, $scenario): world_size=$2 all checks passed" \
     "$1 $scenario on $2 ranks: build, step, save, consolidate and the loads under their caps, equal to single_device"
@@ -39,6 +42,28 @@ capped() {
   # The 4-rank FULL_SHARD save stays for the 8-rank run to reshard.
   if [ "${scenario}_$1_$2" = capped_fsdp_4 ]; then mv "$WORK/memory_fsdp_capped_4" "$WORK/reshard_from_4"; fi
   rm -rf "$WORK"/memory_*  # the saves: 0.6 GB a run
+}
+
+# loom-consolidate itself under the heap cap (LD_PRELOAD of heap_cap_preload):
+# the 4-rank save made one file holding at most the largest tensor (W,
+# 4 MiB) + the margin (6 MiB) above the program's start; its control, a cap
+# of half a tensor, is refused there.
+consolidate_capped() {
+  if [ "$SANITIZED" = 1 ]; then skip "loom-consolidate's heap cap: not enforced under a sanitizer"; return; fi
+  out="$WORK/consolidate_capped"
+  status=0
+  LD_PRELOAD="$HEAP_CAP" LOOM_HEAP_CAP_BYTES=$((10 << 20)) timeout 120 "$CONSOLIDATE" "$WORK/reshard_from_4" \
+    "$WORK/consolidated.pt" > "$out" 2>&1 || status=$?
+  if [ $status -ne 0 ]; then fail "loom-consolidate under a cap of W + 6 MiB exited $status"; tail -n 5 "$out"; return; fi
+  expect_contains "$out" "heap cap: peak" \
+    "loom-consolidate (4-rank FULL_SHARD save, 192 MiB) under a heap cap of W + 6 MiB = 10 MiB above its start"
+  grep -m 1 "heap cap: peak" "$out" | sed 's/^/  /'
+  status=0
+  LD_PRELOAD="$HEAP_CAP" LOOM_HEAP_CAP_BYTES=$((2 << 20)) timeout 120 "$CONSOLIDATE" "$WORK/reshard_from_4" \
+    "$WORK/control.pt" > "$out.control" 2>&1 || status=$?
+  if [ $status -eq 0 ]; then fail "loom-consolidate under a cap of half a tensor passed: its cap did not bind"; return; fi
+  expect_contains "$out.control" "heap cap: refused an allocation" "loom-consolidate under a cap of W/2 hits it (exit $status)"
+  rm -f "$WORK/consolidated.pt" "$WORK/control.pt"
 }
 
 # control STRATEGY N SCENARIO: must hit the cap on the rank it caps, and every
@@ -63,6 +88,7 @@ control() {
 }
 
 capped capped fsdp 4
+consolidate_capped
 control fsdp 4 control_build
 control fsdp 4 control_step
 control fsdp 4 control_save

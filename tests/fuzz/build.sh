@@ -27,7 +27,7 @@ case $mode in
 esac
 [ -f "$build/src/libloom.so" ] || { echo "build.sh: $build/src/libloom.so is missing: build BUILD first" >&2; exit 1; }
 
-sources="src/checkpoint/python_pickle.cpp src/checkpoint/torch_archive.cpp src/checkpoint/tensor_records.cpp
+sources="src/checkpoint/python_pickle.cpp src/checkpoint/torch_archive.cpp src/checkpoint/block_crc.cpp src/checkpoint/tensor_records.cpp
 src/checkpoint/unpickled_value.cpp src/checkpoint/io.cpp src/checkpoint/manifest.cpp src/checkpoint/sharded.cpp
 src/checkpoint/deepspeed_layout.cpp src/checkpoint/state.cpp src/checkpoint/optimizer_state.cpp
 src/util/outside_files.cpp src/util/outside_json.cpp src/strategy/zero_config.cpp src/data/idx.cpp

@@ -27,7 +27,7 @@ for target in $targets; do
   if [ -z "$objects" ]; then objects="$out/coverage_$target"; else objects="$objects -object=$out/coverage_$target"; fi
 done
 llvm-profdata merge -sparse "$out"/profiles/*.profraw -o "$out/corpus.profdata"
-files="src/checkpoint/python_pickle.cpp src/checkpoint/torch_archive.cpp src/checkpoint/tensor_records.cpp
+files="src/checkpoint/python_pickle.cpp src/checkpoint/torch_archive.cpp src/checkpoint/block_crc.cpp src/checkpoint/tensor_records.cpp
 src/checkpoint/unpickled_value.cpp src/checkpoint/manifest.cpp src/checkpoint/sharded.cpp
 src/checkpoint/deepspeed_layout.cpp src/strategy/zero_config.cpp src/data/idx.cpp src/util/outside_files.cpp
 src/util/outside_json.cpp"

@@ -176,6 +176,17 @@ int deepspeed_index(const std::uint8_t* data, std::size_t size) {
   });
 }
 
+int local_parts(const std::uint8_t* data, std::size_t size) {
+  const fs::path path = files().root / "local.ckpt";
+  write_file(path, data, size);
+  // Rank 1 of 2: the second half of each flattened parameter of Linear(4, 3).
+  static const loom::rank_parts mine{
+      {"weight", loom::rank_part{loom::shard_range{6, 12, {3, 4}}, {6}}},
+      {"bias", loom::rank_part{loom::shard_range{2, 3, {3}}, {1}}},
+  };
+  return refused_only_as<loom::checkpoint_error>([&] { (void)loom::read_local_parts(path.string(), mine); });
+}
+
 int zero_config(const std::uint8_t* data, std::size_t size) {
   loom::deepspeed_options options;
   options.config = std::string(reinterpret_cast<const char*>(data), size);
@@ -204,6 +215,7 @@ void write_seeds(const char* directory) {
   const fs::path checkpoint = out / "load" / "loom.ckpt";
   loom::save_checkpoint(checkpoint.string(), state.entries(), {}, {});
   fs::copy_file(checkpoint, out / "archive" / "loom.ckpt", fs::copy_options::overwrite_existing);
+  fs::copy_file(checkpoint, out / "local_parts" / "loom.ckpt", fs::copy_options::overwrite_existing);
   fs::copy_file(files().sharded / "meta.pt", out / "sharded_index" / "meta.pt", fs::copy_options::overwrite_existing);
   fs::copy_file(files().sliced_rank, out / "sharded_rank" / files().sliced_rank.filename(),
                 fs::copy_options::overwrite_existing);

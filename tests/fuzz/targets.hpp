@@ -35,6 +35,10 @@ int sharded_rank(const std::uint8_t* data, std::size_t size);
 // The bytes as the model-states index of a DeepSpeed-layout checkpoint
 // whose other files are real.
 int deepspeed_index(const std::uint8_t* data, std::size_t size);
+// The bytes as a checkpoint file one rank of two reads its half of each
+// parameter (and of its Adam state) from (read_local_parts: the structure
+// parsed with the tensors unread, loom's block table, ranged reads).
+int local_parts(const std::uint8_t* data, std::size_t size);
 // The bytes as a DeepSpeed JSON config (resolve_zero_config), under 32-true,
 // 16-mixed and bf16-mixed.
 int zero_config(const std::uint8_t* data, std::size_t size);
@@ -48,6 +52,7 @@ inline constexpr target targets[] = {
     {"sharded_index", &sharded_index},
     {"sharded_rank", &sharded_rank},
     {"deepspeed_index", &deepspeed_index},
+    {"local_parts", &local_parts},
     {"zero_config", &zero_config},
     {"idx", &idx},
 };

@@ -174,9 +174,11 @@ inline constexpr std::size_t local_read_buffer_bytes = std::size_t{4} << 20;
 // by parameter name such as ZeRO's fp32 masters, and each per-parameter
 // optimizer state tensor) is this rank's part of it, shaped as mine says;
 // every other tensor is whole. The files are read record by record through
-// one buffer of local_read_buffer_bytes: only records holding elements of
-// this rank's parts are read (each whole, its CRC32 checked as it streams,
-// only those elements kept), and the unsplit state from rank 0's file;
+// one buffer of local_read_buffer_bytes: of the records holding elements of
+// this rank's parts only the blocks holding them (64 KiB, each checked
+// against its CRC32 in loom's block table; a file without one, whole,
+// checked against the zip's CRC32; only those elements kept), and the
+// unsplit state from rank 0's file;
 // nothing of a file is parsed before the index's size for it is checked
 // (meta.pt; in DeepSpeed's layout rank 0's model states, and the
 // model-states and optim-states files are read as two groups). A file in
