@@ -3,6 +3,7 @@
 // nothing; state dicts from LibTorch and from Python load into modules.
 #include "test_models.hpp"
 #include "allocation_counter.hpp"
+#include "bytes_read.hpp"
 
 #include "catch.hpp"
 #include "../src/checkpoint/checkpoint_bytes.hpp"
@@ -1030,19 +1031,6 @@ TEST_CASE("an optimizer state whose step is no step count is refused", "[checkpo
   }
 }
 
-namespace {
-// The bytes this process has read from files (read and pread: /proc/self/io's rchar).
-std::int64_t bytes_read_so_far() {
-  std::ifstream io("/proc/self/io");
-  std::string key;
-  std::int64_t value = 0;
-  while (io >> key >> value) {
-    if (key == "rchar:") return value;
-  }
-  return 0;
-}
-}  // namespace
-
 // A rank's part of a full file (read_local_parts) is read as the 64 KiB
 // blocks that hold it, each checked against loom's block table: a flipped
 // byte in a block the part lies in is refused naming the bytes; one outside
@@ -1063,9 +1051,9 @@ TEST_CASE("a rank's read of part of a full file reads and checks only the blocks
     const loom::checkpoint_contents contents = loom::read_local_parts(file, mine);
     return contents.entries.at("model").toGenericDict().at("weight").toTensor();
   };
-  const std::int64_t before = bytes_read_so_far();
+  const std::int64_t before = loom_test::bytes_read();
   CHECK(torch::equal(part_of(path), expected));
-  const std::int64_t read = bytes_read_so_far() - before;
+  const std::int64_t read = loom_test::bytes_read() - before;
   CHECK(read >= (1 << 20));
   CHECK(read < (1 << 20) + (64 << 10));  // its 16 blocks and the bias's record (4 KiB)
   const std::size_t weight_at = zip_record_data(bytes, "archive/data/0");

@@ -9,9 +9,9 @@ namespace loom::detail {
 
 namespace {
 
-constexpr std::string_view magic = "LOOMBC01";
+constexpr std::string_view table_magic = "LOOMBC01";
 
-void put(std::string& out, std::uint64_t value, int bytes) {
+void put_little_endian(std::string& out, std::uint64_t value, int bytes) {
   for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
 }
 
@@ -27,12 +27,12 @@ void block_crc_table::add(const char* data, std::size_t bytes) {
 }
 
 std::string block_crc_table::bytes() const {
-  std::string out(magic);
-  put(out, record_block_bytes, 8);
-  put(out, records_.size(), 8);
+  std::string out(table_magic);
+  put_little_endian(out, record_block_bytes, 8);
+  put_little_endian(out, records_.size(), 8);
   for (const auto& record : records_) {
-    put(out, record.bytes, 8);
-    for (const std::uint32_t crc : record.crcs) put(out, crc, 4);
+    put_little_endian(out, record.bytes, 8);
+    for (const std::uint32_t crc : record.crcs) put_little_endian(out, crc, 4);
   }
   return out;
 }
@@ -46,10 +46,10 @@ block_crcs parse_block_crc_table(std::string_view bytes, const std::string& path
     at += static_cast<std::size_t>(size);
     return value;
   };
-  if (bytes.size() < magic.size() || bytes.substr(0, magic.size()) != magic) {
-    fail_checkpoint(path, what + "does not start with " + std::string(magic));
+  if (bytes.size() < table_magic.size() || bytes.substr(0, table_magic.size()) != table_magic) {
+    fail_checkpoint(path, what + "does not start with " + std::string(table_magic));
   }
-  at = magic.size();
+  at = table_magic.size();
   block_crcs table;
   table.block_bytes = take(8);
   // Within what one read buffer holds, so that a block is read at once.

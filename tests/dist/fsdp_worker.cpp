@@ -334,12 +334,7 @@ void law_hybrid_construction(fsdp_fabric& fabric) {
                "placeholder", p.storage().nbytes());
   }
   auto reference = make_net();
-  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
-  auto [model, optimizer] = fabric.setup(net, adam);
-  const auto gathered = laws::flat(laws::full_parameters(fabric, model, net));
-  LAW_EXPECT(torch::equal(gathered, laws::flat_of(reference)),
-             "HYBRID_SHARD, init_module(true): the gathered parameters differ from one process's by %.3g",
-             (gathered - laws::flat_of(reference)).abs().max().item<double>());
+  laws::law_built_as_whole(fabric, net, reference, "HYBRID_SHARD, init_module(true)");
   laws::law_equivalence(fabric, build, make_net, "HYBRID_SHARD, init_module(true)",
                         laws::data_parallel_split(fabric));
   if (fabric.global_rank() == 0) {
@@ -400,12 +395,7 @@ void law_sharded_construction() {
     LAW_EXPECT(net->fc3->weight.storage().nbytes() == 32 * 4 * sizeof(float),
                "fc3 (not a unit) is whole until setup: %zu bytes", net->fc3->weight.storage().nbytes());
     auto reference = make_net();
-    torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
-    auto [model, optimizer] = fabric.setup(net, adam);
-    const auto gathered = laws::flat(laws::full_parameters(fabric, model, net));
-    LAW_EXPECT(torch::equal(gathered, laws::flat_of(reference)),
-               "init_module(true): the gathered parameters differ from one process's by %.3g",
-               (gathered - laws::flat_of(reference)).abs().max().item<double>());
+    laws::law_built_as_whole(fabric, net, reference, "FULL_SHARD, init_module(true)");
   }
   laws::law_equivalence(fabric, build, make_net, "FULL_SHARD, init_module(true)", laws::data_parallel_split(fabric));
   {
@@ -443,12 +433,8 @@ void law_sharded_construction() {
     fsdp_fabric grad_op({}, loom::fsdp(loom::fsdp_options{.strategy = loom::sharding_strategy::shard_grad_op}));
     auto net = build();
     auto reference = make_net();
-    torch::optim::SGD sgd(net->parameters(), 0.5);
-    auto [model, optimizer] = grad_op.setup(net, sgd);
-    const auto gathered = laws::flat(laws::full_parameters(grad_op, model, net));
-    LAW_EXPECT(torch::equal(gathered, laws::flat_of(reference)),
-               "built under FULL_SHARD's init_module(true), set up under SHARD_GRAD_OP: the parameters differ from "
-               "one process's by %.3g", (gathered - laws::flat_of(reference)).abs().max().item<double>());
+    laws::law_built_as_whole(grad_op, net, reference, "built under FULL_SHARD's init_module(true), set up under "
+                             "SHARD_GRAD_OP");
   }
   if (fabric.global_rank() == 0) {
     std::printf("law (init_module(true)): FULL_SHARD and ZeRO-3 units keep only their shards from construction; "

@@ -59,6 +59,7 @@
 //   memory_worker fsdp|zero3|mp capped|capped_full|uncapped|uncapped_full|control_build|control_step|control_save|
 //                 control_consolidate|control_load|control_full_load N MARK [RESHARD_FROM]
 #include "../allocation_counter.hpp"
+#include "../bytes_read.hpp"
 #include "strategy_laws.hpp"
 
 #include <loom/util/counting_allocator.hpp>
@@ -207,17 +208,6 @@ bool files_equal(const std::string& a, const std::string& b) {
   return first.good() == second.good() && !x.empty() && x == y;
 }
 
-// The bytes this process has read from files (read and pread: /proc/self/io's rchar).
-std::int64_t bytes_read() {
-  std::ifstream io("/proc/self/io");
-  std::string key;
-  std::int64_t value = 0;
-  while (io >> key >> value) {
-    if (key == "rchar:") return value;
-  }
-  return 0;
-}
-
 // A checkpoint's bytes on disk (a file, or a directory's files).
 std::int64_t checkpoint_bytes(const std::string& path) {
   std::error_code ec;
@@ -351,7 +341,7 @@ void run_phases(F& fabric, loom::counting_allocator& tensors, const plan& capped
   // another number of ranks (reshard). Each equals what it loads.
   const std::int64_t load_formula = 16 * psi / n + static_cast<std::int64_t>(loom::local_read_buffer_bytes);
   auto load_phase = [&](const std::string& phase, const std::string& from, bool cap) {
-    const std::int64_t read_before = bytes_read();
+    const std::int64_t read_before = loom_test::bytes_read();
     measure.begin(phase, load_formula, cap);
     if (capped.eager_load) {
       // Today's path before per-rank reads: every rank read the whole checkpoint.
@@ -363,7 +353,7 @@ void run_phases(F& fabric, loom::counting_allocator& tensors, const plan& capped
       fabric.load(from, {{"model", model}, {"optimizer", optimizer}});
     }
     report(fabric, phase, measure.end(), load_formula, cap);
-    auto read = at::tensor({static_cast<double>(bytes_read() - read_before)}, at::kDouble);
+    auto read = at::tensor({static_cast<double>(loom_test::bytes_read() - read_before)}, at::kDouble);
     read = fabric.all_reduce(read, loom::reduce_op::max);
     if (r == 0) {
       std::printf("  read by a rank at most %8.2f MiB of the checkpoint's %8.2f MiB (each needed record read twice: "

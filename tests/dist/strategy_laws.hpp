@@ -112,6 +112,19 @@ at::Tensor flat_of(Net& net) {
   return at::cat(parts);
 }
 
+// Sharded construction's law (init_module(true)): net, set up with an Adam
+// optimizer, has the parameters reference (built whole, same seed) has,
+// element for element, once gathered.
+template <class F, class Net, class Reference>
+void law_built_as_whole(F& fabric, Net& net, Reference& reference, const char* what) {
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
+  auto [model, optimizer] = fabric.setup(net, adam);
+  const at::Tensor gathered = flat(full_parameters(fabric, model, net));
+  const at::Tensor expected = flat_of(reference);
+  LAW_EXPECT(torch::equal(gathered, expected), "%s: the gathered parameters differ from one process's by %.3g", what,
+             (gathered - expected).abs().max().template item<double>());
+}
+
 // Which rows of the global batch this rank trains on: the data-parallel
 // rank among `size` (every rank of a tensor-parallel group sees the same rows).
 struct batch_split {

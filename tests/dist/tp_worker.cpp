@@ -409,12 +409,7 @@ void run_construction(int dp, int tp) {
     }
   }
   auto reference = seeded<UnitMlp>();
-  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
-  auto [model, optimizer] = fabric.setup(net, adam);
-  const auto gathered = laws::flat(laws::full_parameters(fabric, model, net));
-  LAW_EXPECT(torch::equal(gathered, laws::flat_of(reference)),
-             "%s: the gathered parameters differ from one process's by %.3g", what.c_str(),
-             max_difference(gathered, laws::flat_of(reference)));
+  laws::law_built_as_whole(fabric, net, reference, what.c_str());
   const int rank_dp = fabric.strategy().device_mesh().coordinate("data_parallel");
   laws::law_equivalence(fabric, build, seeded<UnitMlp>, what.c_str(), laws::batch_split{rank_dp, dp});
   if (fabric.is_global_zero()) {

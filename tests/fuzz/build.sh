@@ -28,11 +28,11 @@ esac
 [ -f "$build/src/libloom.so" ] || { echo "build.sh: $build/src/libloom.so is missing: build BUILD first" >&2; exit 1; }
 
 sources="src/checkpoint/python_pickle.cpp src/checkpoint/torch_archive.cpp src/checkpoint/block_crc.cpp src/checkpoint/tensor_records.cpp
-src/checkpoint/unpickled_value.cpp src/checkpoint/io.cpp src/checkpoint/manifest.cpp src/checkpoint/sharded.cpp
+src/checkpoint/unpickled_value.cpp src/checkpoint/io.cpp src/checkpoint/local_parts.cpp src/checkpoint/manifest.cpp src/checkpoint/sharded.cpp
 src/checkpoint/deepspeed_layout.cpp src/checkpoint/state.cpp src/checkpoint/optimizer_state.cpp
 src/util/outside_files.cpp src/util/outside_json.cpp src/strategy/zero_config.cpp src/data/idx.cpp
 tests/fuzz/targets.cpp"
-targets="pickle archive load sharded_index sharded_rank deepspeed_index zero_config idx"
+targets="pickle archive load sharded_index sharded_rank deepspeed_index local_parts zero_config idx"
 # -include ATen/core/ivalue.h: LibTorch 1.13's headers reached through
 # <ATen/ATen.h> first meet std::vector<c10::IValue> while IValue is only
 # declared, and clang 14 in C++20 mode instantiates vector's constexpr

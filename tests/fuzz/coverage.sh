@@ -12,7 +12,7 @@ build=$1
 out=$2
 shift 2
 sh "$root/tests/fuzz/build.sh" "$build" "$out" coverage
-targets="pickle archive load sharded_index sharded_rank deepspeed_index zero_config idx"
+targets="pickle archive load sharded_index sharded_rank deepspeed_index local_parts zero_config idx"
 rm -rf "$out/profiles"
 mkdir -p "$out/profiles"
 objects=""
