@@ -123,6 +123,13 @@ struct unread_file {
   checkpoint_contents contents;
 };
 unread_file parse_unread(std::shared_ptr<const mapped_file> mapped, const std::string& path);
+// A sharded checkpoint's rank files so parsed, each listed one checked
+// against the size meta.pt (its index) gives it, rank 0's first.
+struct sharded_unread {
+  checkpoint_contents index;
+  std::vector<unread_file> ranks;
+};
+sharded_unread read_sharded_unread(const std::string& directory);
 // A DeepSpeed-layout checkpoint's files so parsed, each listed one checked
 // against the size rank 0's model states give it: the module's (rank 0's
 // model states first; stages 0-2 have only it) and the optimizers' (by rank).

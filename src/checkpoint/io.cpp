@@ -11,6 +11,7 @@
 #include "../util/outside_files.hpp"
 
 #include <ATen/ATen.h>
+#include <c10/util/StringUtil.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/strides.h>
 #include <torch/serialize.h>
@@ -89,6 +90,27 @@ c10::IValue metadata_value(const checkpoint_metadata& metadata) {
 
 namespace {
 using detail::read_file;
+
+// A range a file states (metadata.shards, with its tensor-parallel chunk),
+// checked as the file is parsed: it lies inside its tensor, whose shape is
+// sane and whose chunks divide it, before anything is placed by it.
+void check_range(const shard_range& range, const std::string& name, const std::string& path) {
+  bool valid = range.dim < static_cast<std::int64_t>(range.shape.size()) && range.parts >= 1 && range.part >= 0 &&
+               range.part < range.parts;
+  std::int64_t numel = 1;
+  for (std::int64_t d : range.shape) {
+    valid = valid && d >= 0 && (d == 0 || numel <= (std::int64_t{1} << 48) / d);
+    if (valid) numel *= d;
+  }
+  if (valid && range.dim >= 0) valid = range.shape[static_cast<std::size_t>(range.dim)] % range.parts == 0;
+  const std::int64_t chunk = valid ? numel / range.parts : 0;
+  if (!valid || range.begin < 0 || range.begin > range.end || range.end > chunk) {
+    fail_checkpoint(path, "has a range for '" + name + "' ([" + std::to_string(range.begin) + ", " +
+                              std::to_string(range.end) + ") of shape " + c10::str(at::IntArrayRef(range.shape)) +
+                              ") that lies outside its tensor");
+  }
+}
+
 
 std::string join(const std::vector<std::string>& items) {
   std::string out;
@@ -425,15 +447,9 @@ checkpoint_contents detail::parse_checkpoint(std::span<const char> bytes, const 
       range->second.dim = list[0].toInt();
       range->second.part = list[1].toInt();
       range->second.parts = list[2].toInt();
-      const auto& shape = range->second.shape;
-      if (range->second.dim >= static_cast<std::int64_t>(shape.size()) || range->second.parts < 1 ||
-          range->second.part < 0 || range->second.part >= range->second.parts ||
-          shape[static_cast<std::size_t>(range->second.dim)] % range->second.parts != 0) {
-        fail_checkpoint(path, "has a tensor-parallel chunk for '" + item.key().toStringRef() +
-                                  "' that does not divide its shape");
-      }
     }
   }
+  for (const auto& [name, range] : contents.metadata.shards) check_range(range, name, path);
   (void)contents.entries.erase(metadata_key);
   return contents;
 }

@@ -20,11 +20,12 @@
 
 #include "checkpoint_bytes.hpp"
 #include "file_bytes.hpp"
-#include "manifest.hpp"
 #include "torch_archive.hpp"
 #include "../util/outside_files.hpp"
 
 #include <ATen/ATen.h>
+#include <c10/util/StringUtil.h>
+#include <c10/util/accumulate.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -33,7 +34,6 @@
 #include <cstring>
 #include <memory>
 #include <span>
-#include <sstream>
 #include <vector>
 
 namespace loom {
@@ -44,18 +44,6 @@ namespace {
 
 // A file the parts come from: its contents with the tensors unread.
 using source_file = detail::unread_file;
-
-std::int64_t numel_of(const std::vector<std::int64_t>& shape) {
-  std::int64_t n = 1;
-  for (std::int64_t d : shape) n *= d;
-  return n;
-}
-
-std::string shape_text(const std::vector<std::int64_t>& shape) {
-  std::ostringstream out;
-  out << at::IntArrayRef(shape);
-  return out.str();
-}
 
 // Elements of the flattened full tensor a range holds: (index in the full
 // tensor, index in the part, count), in increasing order of both.
@@ -96,24 +84,6 @@ void overlaps(const std::vector<run>& wanted, const std::vector<run>& held, Copy
     if (lo < hi) copy(wanted[i].part + lo - wanted[i].full, held[j].part + lo - held[j].full, hi - lo);
     if (wanted_end < held_end) ++i;
     else ++j;
-  }
-}
-
-// A range read from a file, checked before anything is placed by it.
-void check_range(const shard_range& range, const std::string& name, const std::string& path) {
-  bool valid = range.dim < static_cast<std::int64_t>(range.shape.size()) && range.parts >= 1 && range.part >= 0 &&
-               range.part < range.parts;
-  std::int64_t numel = 1;
-  for (std::int64_t d : range.shape) {
-    valid = valid && d >= 0 && (d == 0 || numel <= (std::int64_t{1} << 48) / d);
-    if (valid) numel *= d;
-  }
-  if (valid && range.dim >= 0) valid = range.shape[static_cast<std::size_t>(range.dim)] % range.parts == 0;
-  const std::int64_t chunk = valid ? numel / range.parts : 0;
-  if (!valid || range.begin < 0 || range.begin > range.end || range.end > chunk) {
-    fail_checkpoint(path, "has a range for '" + name + "' ([" + std::to_string(range.begin) + ", " +
-                              std::to_string(range.end) + ") of shape " + shape_text(range.shape) +
-                              ") that lies outside its tensor");
   }
 }
 
@@ -259,8 +229,9 @@ class part_maker {
     if (place == detail::split_place::state_dict) return true;
     if (!value.isTensor() || value.toTensor().dim() == 0) return false;
     const std::int64_t held = range != nullptr ? range->end - range->begin : value.toTensor().numel();
-    const std::int64_t full = range != nullptr ? numel_of(range->shape) : value.toTensor().numel();
-    return value.toTensor().numel() == held && (range != nullptr || numel_of(mine_.at(name).range.shape) == full);
+    const std::int64_t full = range != nullptr ? c10::multiply_integers(range->shape) : value.toTensor().numel();
+    return value.toTensor().numel() == held &&
+           (range != nullptr || c10::multiply_integers(mine_.at(name).range.shape) == full);
   }
 
   // This rank's part of the tensor `what` names: planned from every file's
@@ -285,7 +256,6 @@ class part_maker {
         continue;
       }
       if (!value.isTensor()) fail_checkpoint(file.path, what + " is missing from this rank file");
-      check_range(*range, name, file.path);
       const at::Tensor t = value.toTensor();
       if (t.numel() != range->end - range->begin) {
         fail_checkpoint(file.path, "holds " + std::to_string(t.numel()) + " elements of " + what + " for the range [" +
@@ -304,12 +274,13 @@ class part_maker {
       }
     }
     // Mine, or (a tensor this rank does not split) the whole of it.
-    rank_part wanted{{0, numel_of(full_shape), full_shape}, full_shape};
+    rank_part wanted{{0, c10::multiply_integers(full_shape), full_shape}, full_shape};
     if (auto found = mine_.find(name); found != mine_.end()) {
       wanted = found->second;
       if (wanted.range.shape != full_shape) {
-        fail_checkpoint(path_, "size mismatch for " + what + ": the checkpoint has shape " + shape_text(full_shape) +
-                                   ", the model has " + shape_text(wanted.range.shape) + "; nothing was changed");
+        fail_checkpoint(path_, "size mismatch for " + what + ": the checkpoint has shape " +
+                                   c10::str(at::IntArrayRef(full_shape)) + ", the model has " +
+                                   c10::str(at::IntArrayRef(wanted.range.shape)) + "; nothing was changed");
       }
     }
     const at::TensorOptions options = pieces.front().values.options().device(at::kCPU);
@@ -418,30 +389,6 @@ void read_the_rest(c10::IValue& value, const source_file& file, record_plan& pla
   }
 }
 
-// The files of a sharded checkpoint, each checked against meta.pt's size
-// for it and parsed without its tensors; rank 0's first.
-std::vector<source_file> sharded_sources(const std::string& directory, checkpoint_contents& meta) {
-  const detail::confined_directory root(directory, &fail_checkpoint);
-  const fs::path meta_path = root.path_of("meta.pt");
-  auto meta_bytes = root.read("meta.pt");
-  if (!meta_bytes) {
-    fail_checkpoint(directory, "is a directory without meta.pt (a loom sharded checkpoint) or latest (a ZeRO "
-                               "checkpoint in DeepSpeed's layout): neither, or a save that did not finish");
-  }
-  meta = detail::parse_checkpoint(*meta_bytes, meta_path.string());
-  std::vector<source_file> files;
-  for (const detail::listed_file& listed : detail::listed_files(meta, meta_path)) {
-    detail::file_bytes opened = detail::open_listed(root, listed, meta, meta_path, /*map_file=*/true);
-    files.push_back(detail::parse_unread(std::move(opened.mapped), root.path_of(listed.name)));
-    detail::check_same_save(files.back().contents, meta, files.back().path, meta_path);
-  }
-  if (files.empty()) fail_checkpoint(meta_path.string(), "lists no rank files");
-  std::stable_sort(files.begin(), files.end(), [](const source_file& a, const source_file& b) {
-    return a.contents.metadata.global_rank < b.contents.metadata.global_rank;
-  });
-  return files;
-}
-
 }  // namespace
 
 detail::unread_file detail::parse_unread(std::shared_ptr<const mapped_file> mapped, const std::string& path) {
@@ -466,9 +413,9 @@ checkpoint_contents read_local_parts(const std::string& path, const rank_parts& 
       groups.push_back(std::move(files.model));
       groups.push_back(std::move(files.optim));
     } else {
-      checkpoint_contents meta;
-      groups.push_back(sharded_sources(path, meta));
-      optimizer_types = meta.metadata.optimizer_types;
+      detail::sharded_unread files = detail::read_sharded_unread(path);
+      optimizer_types = files.index.metadata.optimizer_types;
+      groups.push_back(std::move(files.ranks));
     }
   } else {
     auto mapped = detail::map_regular_file(path, &fail_checkpoint);

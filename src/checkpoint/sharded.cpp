@@ -20,6 +20,7 @@
 #include "../util/outside_files.hpp"
 
 #include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -50,8 +51,7 @@ struct piece {
 void concatenate_into(std::vector<piece> pieces, const shard_range& range, const at::Tensor& out,
                       const std::string& what, const std::string& path) {
   std::sort(pieces.begin(), pieces.end(), [](const piece& a, const piece& b) { return a.begin < b.begin; });
-  std::int64_t numel = 1;
-  for (std::int64_t d : range.shape) numel *= d;
+  const std::int64_t numel = c10::multiply_integers(range.shape);
   const at::Tensor flat = out.view({-1});
   std::int64_t covered = 0;
   for (const auto& p : pieces) {
@@ -302,16 +302,40 @@ checkpoint_contents read_sharded_checkpoint(const std::string& directory) {
   return detail::read_sharded(directory, nullptr);
 }
 
-checkpoint_contents detail::read_sharded(const std::string& directory, deferred_tensors* deferred) {
-  const detail::confined_directory root(directory, &fail_checkpoint);
-  const fs::path meta_path = root.path_of(meta_file);
-  auto meta_bytes = root.read(meta_file);
+namespace {
+
+// The directory's meta.pt, parsed: the index of a sharded checkpoint.
+checkpoint_contents read_index(const detail::confined_directory& root, const std::string& directory) {
+  const auto meta_bytes = root.read(meta_file);
   if (!meta_bytes) {
     fail_checkpoint(directory, "is a directory without meta.pt (a loom sharded checkpoint) or latest (a ZeRO "
                                "checkpoint in DeepSpeed's layout): neither, or a save that did not finish");
   }
-  const checkpoint_contents meta = detail::parse_checkpoint(*meta_bytes, meta_path.string());
-  meta_bytes.reset();
+  return detail::parse_checkpoint(*meta_bytes, root.path_of(meta_file));
+}
+
+}  // namespace
+
+detail::sharded_unread detail::read_sharded_unread(const std::string& directory) {
+  const confined_directory root(directory, &fail_checkpoint);
+  const fs::path meta_path = root.path_of(meta_file);
+  sharded_unread out{read_index(root, directory), {}};
+  for (const listed_file& listed : listed_files(out.index, meta_path)) {
+    file_bytes opened = open_listed(root, listed, out.index, meta_path, /*map_file=*/true);
+    out.ranks.push_back(parse_unread(std::move(opened.mapped), root.path_of(listed.name)));
+    check_same_save(out.ranks.back().contents, out.index, out.ranks.back().path, meta_path);
+  }
+  if (out.ranks.empty()) fail_checkpoint(meta_path.string(), "lists no rank files");
+  std::stable_sort(out.ranks.begin(), out.ranks.end(), [](const unread_file& a, const unread_file& b) {
+    return a.contents.metadata.global_rank < b.contents.metadata.global_rank;
+  });
+  return out;
+}
+
+checkpoint_contents detail::read_sharded(const std::string& directory, deferred_tensors* deferred) {
+  const detail::confined_directory root(directory, &fail_checkpoint);
+  const fs::path meta_path = root.path_of(meta_file);
+  const checkpoint_contents meta = read_index(root, directory);
   std::vector<checkpoint_contents> ranks;
   for (auto& [name, contents] : detail::read_listed(root, meta, meta_path, /*map_files=*/deferred != nullptr)) {
     ranks.push_back(std::move(contents));

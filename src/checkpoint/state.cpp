@@ -6,22 +6,16 @@
 #include "optimizer_state.hpp"
 
 #include <ATen/ATen.h>
+#include <c10/util/StringUtil.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/util/Type.h>
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
-#include <sstream>
 
 namespace loom {
 namespace detail {
 namespace {
-
-std::string shape_text(at::IntArrayRef sizes) {
-  std::ostringstream out;
-  out << sizes;
-  return out.str();
-}
 
 std::string join(const std::vector<std::string>& items) {
   std::string out;
@@ -78,8 +72,8 @@ class module_io_impl final : public entry_io {
       }
       const auto& saved = it->value().toTensor();
       if (saved.sizes() != tensor.sizes()) {
-        mismatched.push_back("size mismatch for '" + key + "': the checkpoint has shape " + shape_text(saved.sizes()) +
-                             ", the module has " + shape_text(tensor.sizes()));
+        mismatched.push_back("size mismatch for '" + key + "': the checkpoint has shape " + c10::str(saved.sizes()) +
+                             ", the module has " + c10::str(tensor.sizes()));
       }
     }
     for (const auto& item : dict) {

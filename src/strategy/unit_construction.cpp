@@ -11,6 +11,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
+#include <c10/util/accumulate.h>
 #include <torch/nn/module.h>
 
 #include <limits>
@@ -93,12 +94,12 @@ void gather_constructed(unit_marker& marker, const std::vector<at::Tensor>& para
   for (std::size_t i = 0; i < parameters.size(); ++i) {
     at::Tensor p = parameters[i];
     const auto& shape = built->shapes[i];
-    std::int64_t numel = 1;
-    for (const auto extent : shape) numel *= extent;
+    const std::int64_t numel = c10::multiply_integers(shape);
     at::Tensor value = full.narrow(0, offset, numel).view(shape);
     const kept_chunk& kept = built->kept[i];
     if (kept.parts > 1) value = value.chunk(kept.parts, kept.dim)[kept.part];
-    p.set_data(value.to(p.scalar_type()).clone(at::MemoryFormat::Contiguous));
+    // Its own contiguous storage (the gathered unit goes after this loop).
+    p.set_data(value.to(p.scalar_type(), /*non_blocking=*/false, /*copy=*/true, at::MemoryFormat::Contiguous));
     offset += numel;
   }
   marker.set_constructed(nullptr);
