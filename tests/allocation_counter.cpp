@@ -30,27 +30,33 @@ std::atomic<unsigned long long> peak_bytes{0};
 std::atomic<unsigned long long> cap_bytes{0};  // 0: none
 std::atomic<unsigned long long> cap_refusals{0};
 
-// The first refusal, on stderr with write(2): whatever fails next (an
-// exception, or std::terminate in a library's thread), the output says the
-// cap was reached. No allocation here: the heap is what is refused.
-[[maybe_unused]] void say_first_refusal(unsigned long long bytes, unsigned long long cap) noexcept {
-  char line[160];
-  std::size_t at = 0;
-  auto text = [&](const char* s) {
-    while (*s != '\0' && at < sizeof line) line[at++] = *s++;
-  };
-  auto number = [&](unsigned long long n) {
+// A line for stderr built and written (write(2)) without allocating: the
+// heap is what is measured, or what was refused.
+class stderr_line {
+ public:
+  stderr_line& text(const char* s) noexcept {
+    while (*s != '\0' && at_ < sizeof line_) line_[at_++] = *s++;
+    return *this;
+  }
+  stderr_line& number(unsigned long long n) noexcept {
     char digits[24];
     int count = 0;
     do digits[count++] = static_cast<char>('0' + n % 10); while ((n /= 10) != 0);
-    while (count > 0 && at < sizeof line) line[at++] = digits[--count];
-  };
-  text("heap cap: refused an allocation of ");
-  number(bytes);
-  text(" bytes (cap ");
-  number(cap);
-  text(" bytes live)\n");
-  [[maybe_unused]] const auto written = ::write(2, line, at);
+    while (count > 0 && at_ < sizeof line_) line_[at_++] = digits[--count];
+    return *this;
+  }
+  void write() const noexcept { [[maybe_unused]] const auto written = ::write(2, line_, at_); }
+
+ private:
+  char line_[160];
+  std::size_t at_ = 0;
+};
+
+// The first refusal: whatever fails next (an exception, or std::terminate
+// in a library's thread), the output says the cap was reached.
+[[maybe_unused]] void say_first_refusal(unsigned long long bytes, unsigned long long cap) noexcept {
+  stderr_line().text("heap cap: refused an allocation of ").number(bytes).text(" bytes (cap ").number(cap)
+      .text(" bytes live)\n").write();
 }
 
 // Whether `more` bytes (requested; the block's usable size may be a few
@@ -78,6 +84,10 @@ unsigned long long heap_peak_bytes() noexcept { return peak_bytes.load(std::memo
 void reset_heap_peak() noexcept { peak_bytes.store(live_bytes.load(std::memory_order_relaxed), std::memory_order_relaxed); }
 void set_heap_cap(unsigned long long bytes) noexcept { cap_bytes.store(bytes, std::memory_order_relaxed); }
 unsigned long long heap_cap_refusals() noexcept { return cap_refusals.load(std::memory_order_relaxed); }
+void say_heap_peak(unsigned long long above_start, unsigned long long cap) noexcept {
+  stderr_line().text("heap cap: peak ").number(above_start).text(" bytes above the start (cap ").number(cap)
+      .text(")\n").write();
+}
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 bool heap_cap_enforced() noexcept { return false; }
 #else

@@ -22,6 +22,9 @@ void reset_heap_peak() noexcept;
 // malloc): heap_cap_enforced() says which.
 void set_heap_cap(unsigned long long bytes) noexcept;
 bool heap_cap_enforced() noexcept;
+// "heap cap: peak N bytes above the start (cap M)" on stderr, allocating
+// nothing (heap_cap_preload.cpp says it at a program's exit).
+void say_heap_peak(unsigned long long above_start, unsigned long long cap) noexcept;
 // Allocations refused by the cap since the program started.
 unsigned long long heap_cap_refusals() noexcept;
 }  // namespace loom_test

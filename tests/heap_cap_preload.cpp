@@ -11,36 +11,10 @@
 
 #include <loom/environment.hpp>
 
-#include <unistd.h>
-
 namespace {
 
 unsigned long long base = 0;
 unsigned long long cap = 0;
-
-void write_number(char* line, std::size_t& at, std::size_t size, unsigned long long n) {
-  char digits[24];
-  int count = 0;
-  do digits[count++] = static_cast<char>('0' + n % 10); while ((n /= 10) != 0);
-  while (count > 0 && at < size) line[at++] = digits[--count];
-}
-
-void write_text(char* line, std::size_t& at, std::size_t size, const char* text) {
-  while (*text != '\0' && at < size) line[at++] = *text++;
-}
-
-// No allocation here: the heap is what is measured.
-void report_peak() {
-  char line[160];
-  std::size_t at = 0;
-  const unsigned long long peak = loom_test::heap_peak_bytes();
-  write_text(line, at, sizeof line, "heap cap: peak ");
-  write_number(line, at, sizeof line, peak > base ? peak - base : 0);
-  write_text(line, at, sizeof line, " bytes above the start (cap ");
-  write_number(line, at, sizeof line, cap);
-  write_text(line, at, sizeof line, ")\n");
-  [[maybe_unused]] const auto written = ::write(2, line, at);
-}
 
 __attribute__((constructor)) void start_capping() {
   base = loom_test::heap_live_bytes();
@@ -52,7 +26,8 @@ __attribute__((constructor)) void start_capping() {
 
 __attribute__((destructor)) void end_capping() {
   loom_test::set_heap_cap(0);
-  report_peak();
+  const unsigned long long peak = loom_test::heap_peak_bytes();
+  loom_test::say_heap_peak(peak > base ? peak - base : 0, cap);
 }
 
 }  // namespace
