@@ -8,7 +8,10 @@ build=$(cd "$1" && pwd)
 source=$(cd "$2" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-DESTDIR="$work/root" meson install -C "$build" --no-rebuild --quiet >/dev/null
+# One install at a time: meson install writes its log into the build tree,
+# and the consumer tests run side by side.
+DESTDIR="$work/root" flock "$build/meson-private/consumer-install.lock" \
+  meson install -C "$build" --no-rebuild --quiet >/dev/null
 options=$(meson introspect "$build" --buildoptions)
 option() {
   printf '%s' "$options" | /usr/bin/python3 -c "import json, sys; print(next(o['value'] for o in json.load(sys.stdin) if o['name'] == sys.argv[1]))" "$1"
