@@ -111,7 +111,6 @@ void check_range(const shard_range& range, const std::string& name, const std::s
   }
 }
 
-
 std::string join(const std::vector<std::string>& items) {
   std::string out;
   for (const auto& item : items) out += (out.empty() ? "" : ", ") + ("'" + item + "'");

@@ -12,7 +12,6 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
-
 namespace loom {
 namespace detail {
 namespace {
