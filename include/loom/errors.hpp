@@ -22,6 +22,12 @@ struct checkpoint_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A call that the state things are in does not allow (backward through a
+// module whose set-up was destroyed, say); nothing was changed by it.
+struct usage_error : std::logic_error {
+  using std::logic_error::logic_error;
+};
+
 // A collective or rendezvous that failed because a peer went away, did not
 // answer within the timeout, or could not be reached. The process group is
 // unusable afterwards: every later collective on it throws at once.

@@ -51,6 +51,8 @@ void law_strategies(const std::vector<loom::sharding_strategy>& strategies) {
     });
     laws::law_checkpoint_round_trip(fabric, make_net, (what + ", sharded save").c_str());
     laws::law_zero_grad(fabric, make_net, what.c_str());
+    laws::law_failed_step(fabric, laws::make_failing, what.c_str());
+    laws::law_module_outlived(fabric, make_net, what.c_str());
   }
   fsdp_fabric full({}, loom::fsdp(loom::fsdp_options{.state_dict = loom::state_dict_type::full}));
   laws::law_checkpoint_round_trip(full, make_net, "FULL_SHARD, full save");
@@ -674,6 +676,15 @@ int main(int argc, char** argv) {
         }},
        {"construction", [](fsdp_fabric&) { law_sharded_construction(); }},
        {"laws_short", [&](fsdp_fabric&) { law_strategies(every_strategy); }},
+       {"lifetimes",
+        [&](fsdp_fabric&) {
+          for (auto strategy : every_strategy) {
+            const std::string what(loom::to_string(strategy));
+            fsdp_fabric fabric({}, loom::fsdp(loom::fsdp_options{.strategy = strategy}));
+            laws::law_failed_step(fabric, laws::make_failing, what.c_str());
+            laws::law_module_outlived(fabric, make_net, what.c_str());
+          }
+        }},
        {"tied",
         [](fsdp_fabric&) {
           law_tied();
@@ -692,6 +703,7 @@ int main(int argc, char** argv) {
           laws::law_gradient_norm(fabric, make_net, what);
           laws::law_accumulation(fabric, make_net, what);
           laws::law_checkpoint_round_trip(fabric, make_net, what);
+          laws::law_failed_step(fabric, laws::make_failing, what);
         }},
        {"save_forever",
         [](fsdp_fabric&) {

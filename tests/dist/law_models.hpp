@@ -37,6 +37,40 @@ struct PlainNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(PlainNet);
 
+// A unit of two layers whose forward, or backward between them, throws
+// where planted() says (law_failed_step).
+struct PairImpl : torch::nn::Module {
+  PairImpl()
+      : a(register_module("a", torch::nn::Linear(32, 32))), b(register_module("b", torch::nn::Linear(32, 32))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = torch::relu(a(x));
+    throw_if_planted(planted_failure::forward);
+    if (h.requires_grad()) {
+      h.register_hook([](const at::Tensor& grad) {
+        throw_if_planted(planted_failure::backward);
+        return grad;
+      });
+    }
+    return b(h);
+  }
+  torch::nn::Linear a, b;
+};
+struct FailingNetImpl : torch::nn::Module {
+  FailingNetImpl()
+      : fc1(register_module("fc1", loom::unit<torch::nn::Linear>(16, 32))),
+        fc2(register_module("fc2", loom::unit<PairImpl>())),
+        fc3(register_module("fc3", torch::nn::Linear(32, 4))) {}
+  at::Tensor forward(const at::Tensor& x) { return fc3(torch::relu(fc2(torch::relu(fc1(x))))); }
+  loom::unit<torch::nn::Linear> fc1;
+  loom::unit<PairImpl> fc2;
+  torch::nn::Linear fc3;
+};
+TORCH_MODULE(FailingNet);
+
+inline FailingNet make_failing() {
+  at::manual_seed(42);
+  return FailingNet();
+}
 inline Net make_net() {
   at::manual_seed(42);
   return Net();

@@ -2,8 +2,9 @@
 // Fabric type and instantiated per strategy by the workers (ddp, fsdp, zero
 // and tp_worker.cpp): equivalence (N ranks with B/N rows equal one with B),
 // the gradient norm, accumulation under no_backward_sync, the checkpoint
-// round trip, and zero_grad's two ways. Each data-parallel rank gets
-// different rows of the same global batch (batch_split).
+// round trip, zero_grad's two ways, a failed step, and a loss that outlives
+// its module. Each data-parallel rank gets different rows of the same global
+// batch (batch_split).
 #pragma once
 
 #include "worker_harness.hpp"
@@ -26,6 +27,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <stdexcept>
 #include <memory>
 #include <type_traits>
 #include <string>
@@ -533,4 +535,111 @@ void law_checkpoint_round_trip(F& fabric, Make&& make, const char* what) {
   law_checkpoint_round_trip(fabric, make, make, what, data_parallel_split(fabric));
 }
 
+// Where the failing models (law_models.hpp) throw, if anywhere.
+enum class planted_failure { none, forward, backward };
+inline planted_failure& planted() {
+  static planted_failure where = planted_failure::none;
+  return where;
+}
+inline void throw_if_planted(planted_failure here) {
+  if (planted() == here) {
+    throw std::runtime_error(here == planted_failure::forward ? "planted failure in a forward"
+                                                              : "planted failure in a backward");
+  }
+}
+
+// Law: a step that throws inside the model (on every rank alike) leaves
+// nothing behind. make() builds a model that throws where planted() says:
+// inside a unit's backward (after some of its gradients, and other units'
+// reductions, are under way) and, the step after, inside its forward (its
+// parameters gathered); the next steps, zero_grad(false) first as any loop
+// does, equal single_device's steps that skip the failed ones (within
+// tolerance), every rank bit-identical.
+template <class F, class Make>
+void law_failed_step(F& fabric, Make&& make, const char* what, tolerance allowed = {}) {
+  require_multi_rank(fabric, what);
+  const auto started = std::chrono::steady_clock::now();
+  const batch_split split = data_parallel_split(fabric);
+  auto net = make();
+  auto reference = make();
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
+  torch::optim::Adam reference_adam(reference->parameters(), torch::optim::AdamOptions(1e-2));
+  auto [model, optimizer] = fabric.setup(net, adam);
+  auto failing = [&](planted_failure where, int step) {
+    planted() = where;
+    bool thrown = false;
+    try {
+      optimizer.zero_grad(false);
+      fabric.backward(torch::nn::functional::cross_entropy(model(split.rows(global_inputs(step))),
+                                                           split.rows(global_targets(step))));
+    } catch (const std::runtime_error& error) {
+      thrown = std::string(error.what()).find("planted failure") != std::string::npos;
+      LAW_EXPECT(thrown, "%s: the planted failure came out as: %s", what, error.what());
+    }
+    planted() = planted_failure::none;
+    LAW_EXPECT(thrown, "%s: the step with a planted failure did not throw", what);
+  };
+  for (int step = 0; step < 6; ++step) {
+    if (step == 2) {
+      failing(planted_failure::backward, 100);
+      failing(planted_failure::forward, 101);
+    }
+    optimizer.zero_grad(false);
+    fabric.backward(torch::nn::functional::cross_entropy(model(split.rows(global_inputs(step))),
+                                                         split.rows(global_targets(step))));
+    optimizer.step();
+    reference_adam.zero_grad();
+    torch::nn::functional::cross_entropy(reference->forward(global_inputs(step)), global_targets(step)).backward();
+    reference_adam.step();
+  }
+  const auto strategy = flat(full_parameters(fabric, model, net));
+  const auto everyone = fabric.all_gather(strategy);
+  for (int k = 1; k < fabric.world_size(); ++k) {
+    LAW_EXPECT(torch::equal(everyone[0], everyone[k]), "%s: after a failed step rank %d's parameters differ", what, k);
+  }
+  const double difference = (strategy - flat_of(reference)).abs().max().template item<double>();
+  LAW_EXPECT(torch::allclose(strategy, flat_of(reference), allowed.rtol, allowed.atol),
+             "%s: training on after a step that threw in backward and one that threw in forward differs from "
+             "single_device without them by %.3g", what, difference);
+  if (fabric.global_rank() == 0) {
+    std::printf("law (failed step) %s: a step that threw inside a unit's backward, then one inside its forward, "
+                "then 4 Adam steps: max |strategy - single| = %.3g (rtol %g, atol %g) (%.2f s)\n",
+                what, difference, allowed.rtol, allowed.atol, seconds_since(started));
+    std::fflush(stdout);
+  }
+}
+
+// Law: a loss kept alive past the set-up module it was computed through.
+// A sharded strategy's backward needs the module's engine (it gathers the
+// parameters again): backward throws loom::usage_error saying so (the
+// engine's autograd hooks hold it weakly), not a use-after-free; run under
+// AddressSanitizer by tests/sanitize.sh (asan-dist). The others' backward
+// needs only what autograd holds (DDP's reducer is shared with its hooks):
+// it runs, as it does in PyTorch.
+template <class F, class Make>
+void law_module_outlived(F& fabric, Make&& make, const char* what) {
+  using strategy_type = std::remove_cvref_t<decltype(fabric.strategy())>;
+  constexpr bool needs_module = requires { requires strategy_type::is_sharded; };
+  const batch_split split = data_parallel_split(fabric);
+  auto net = make();
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-2));
+  at::Tensor loss;
+  {
+    auto [model, optimizer] = fabric.setup(net, adam);
+    loss = torch::nn::functional::cross_entropy(model(split.rows(global_inputs(0))), split.rows(global_targets(0)));
+  }
+  std::string message = "(none: backward ran)";
+  try {
+    fabric.backward(loss);
+  } catch (const loom::usage_error& error) {
+    message = error.what();
+  }
+  const bool refused = message.find("setup is gone") != std::string::npos;
+  LAW_EXPECT(refused == needs_module, "%s: backward through a destroyed module: %s", what, message.c_str());
+  if (fabric.global_rank() == 0) {
+    std::printf("law (module outlived) %s: backward of a loss whose module was destroyed: %.70s...\n", what,
+                message.c_str());
+    std::fflush(stdout);
+  }
+}
 }  // namespace laws

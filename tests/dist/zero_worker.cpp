@@ -57,6 +57,8 @@ void law_stages() {
     laws::law_accumulation(fabric, make_net, ("ZeRO stage " + std::to_string(s)).c_str());
     laws::law_checkpoint_round_trip(fabric, make_net, ("ZeRO stage " + std::to_string(s)).c_str());
     laws::law_zero_grad(fabric, make_net, ("ZeRO stage " + std::to_string(s)).c_str());
+    laws::law_failed_step(fabric, laws::make_failing, ("ZeRO stage " + std::to_string(s)).c_str());
+    laws::law_module_outlived(fabric, make_net, ("ZeRO stage " + std::to_string(s)).c_str());
   }
   {
     zero_fabric fabric({}, stage(3));

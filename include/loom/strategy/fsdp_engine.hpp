@@ -139,7 +139,8 @@ class fsdp_engine {
   struct impl;
 
  private:
-  std::unique_ptr<impl> impl_;
+  // Shared so that autograd's hooks can hold it weakly (a loss may outlive it).
+  std::shared_ptr<impl> impl_;
 };
 
 // A set-up module's forward under the engine: the root unit gathered around

@@ -27,7 +27,7 @@
 namespace loom {
 
 namespace detail {
-// A unit as the sharding engine keeps it (src/strategy/fsdp_engine.cpp).
+// A unit as the sharding engine keeps it (src/strategy/fsdp_unit.hpp).
 struct sharded_unit;
 // Called around a set-up unit's forward; compiled once, no virtual call.
 void unit_pre_forward(sharded_unit& unit);
