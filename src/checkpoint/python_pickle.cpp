@@ -143,205 +143,11 @@ class walker {
     while (at < size_ && !stopped) {
       const auto op_at = static_cast<std::uint32_t>(at);
       const auto op = static_cast<unsigned char>(data_[at++]);
-      switch (op) {
-        // ------------------------------------------------ push one value, no argument
-        case 'N': case 0x88: case 0x89: push(op_at); break;                      // NONE NEWTRUE NEWFALSE
-        case '}': case ']': case 0x8f: push_built(op_at, 1, 1); break;  // empty dict list set
-        case ')': push_built(op_at, 1, 1); keep_tuple({}); break;  // EMPTY_TUPLE
-        // ------------------------------------------------ push, fixed-size argument
-        case 'K': at = push_integer(at, 1, false, op_at); break;  // BININT1
-        case 'M': at = push_integer(at, 2, false, op_at); break;  // BININT2
-        case 'J': at = push_integer(at, 4, true, op_at); break;   // BININT
-        case 'G': at = push_after(at, 8, op_at); break;  // BINFLOAT
-        case 0x82: case 0x83: case 0x84:                 // EXT1 EXT2 EXT4
-          fail("names a global through copyreg's extension registry (EXT" + std::to_string(op == 0x84 ? 4 : op - 0x81) +
-                   "), which loom does not resolve",
-               op_at);
-        case 'h': at = push_memo(at, 1, op_at); break;  // BINGET
-        case 'j': at = push_memo(at, 4, op_at); break;  // LONG_BINGET
-        // ------------------------------------------------ push, length-prefixed argument
-        case 'U': case 'T': case 'X': case 0x8c: case 0x8d:  // strings
-          at = skip_counted(at, counted_length_bytes(op), op_at, true);
-          break;
-        case 0x8a: {  // LONG1: a little-endian two's complement integer of 0 to 255 bytes
-          const std::size_t length = static_cast<unsigned char>(*need(at, 1));
-          if (length >= 1 && length <= 8) {
-            at = push_integer(at + 1, static_cast<int>(length), true, op_at);
-          } else {
-            at = skip_counted(at, 1, op_at, false);
-          }
-          break;
-        }
-        case 'C': case 'B': case 0x8b: case 0x8e: case 0x96:  // bytes, LONG4, bytearray
-          at = skip_counted(at, counted_length_bytes(op), op_at, false);
-          break;
-        // ------------------------------------------------ push, newline-terminated argument
-        case 'I': case 'L': case 'F': case 'S': case 'V': case 'P':
-          at = skip_line(at);
-          push(op_at);
-          break;
-        case 'g': {  // GET
-          const std::size_t end = skip_line(at);
-          push_memo_entry(op_at, decimal(at, end - 1, op_at));
-          at = end;
-          break;
-        }
-        case 'c': {  // GLOBAL module\nname\n
-          const std::size_t module_end = skip_line(at);
-          const std::size_t name_end = skip_line(module_end);
-          stack_.push_back(global(text(at, module_end - 1), text(module_end, name_end - 1), op_at, op_at));
-          at = name_end;
-          break;
-        }
-        case 0x93: {  // STACK_GLOBAL: module, name -> global
-          const item name = pop();
-          const item module = pop();
-          if (module.kind != tag::text || name.kind != tag::text) fail("names a global by a value that is not a string", op_at);
-          stack_.push_back(global(text_of(module), text_of(name), module.start, op_at));
-          break;
-        }
-        // ------------------------------------------------ memo writes: no stack change
-        case 'q': at = memo_put_counted(at, 1, op_at); break;  // BINPUT
-        case 'r': at = memo_put_counted(at, 4, op_at); break;  // LONG_BINPUT
-        case 'p': {                                             // PUT
-          const std::size_t end = skip_line(at);
-          memo_put(decimal(at, end - 1, op_at), op_at);
-          at = end;
-          break;
-        }
-        case 0x94: memo_put(memo_count_++, op_at); break;  // MEMOIZE
-        // ------------------------------------------------ structure
-        case '(':  // MARK
-          if (marks_.size() >= static_cast<std::size_t>(pickle_depth_limit)) {
-            fail("opens more than " + std::to_string(pickle_depth_limit) + " MARKs: containers nest deeper than " +
-                     std::to_string(pickle_depth_limit) + " levels",
-                 op_at);
-          }
-          marks_.push_back(stack_.size());
-          stack_.push_back({op_at, no_entry, 0, tag::mark});
-          break;
-        case '0': pop(); break;                      // POP
-        case '1': pop_to_mark(); break;              // POP_MARK
-        case '2': {                                  // DUP
-          const item copy = top();
-          if (copy.kind == tag::mark) fail("DUPs a MARK", op_at);
-          fetched_again(copy);
-          stack_.push_back(copy);
-          break;
-        }
-        case 'R': {  // REDUCE: callable, args -> result
-          const item args = pop();
-          const item callable = pop();
-          if (callable.kind == tag::rebuild_tensor) check_rebuilt_tensor(args, op_at);
-          combine(callable.start, {callable, args}, callable.kind == tag::ordered_dict_class ? tag::ordered_dict : tag::none);
-          break;
-        }
-        case 0x81: { const item args = pop(); const item cls = pop(); combine(cls.start, {cls, args}); break; }  // NEWOBJ
-        case 0x92: {  // NEWOBJ_EX
-          const item kwargs = pop();
-          const item args = pop();
-          const item cls = pop();
-          combine(cls.start, {cls, args, kwargs});
-          break;
-        }
-        case 'Q': {  // BINPERSID: a storage
-          const item pid = pop();
-          const storage_view storage = storage_of(pid, op_at);
-          combine(pid.start, {pid});
-          built_[stack_.back().built].storage = static_cast<std::uint32_t>(storages_.size());
-          storages_.push_back(storage);
-          break;
-        }
-        case 'b': {  // BUILD: object, state -> object
-          const item state = pop();
-          grow(top(), {state}, op_at);
-          if (top().kind == tag::ordered_dict) result.has_ordered_dict = true;
-          break;
-        }
-        case 't': case 'l': case 'd': case 0x91: case 'o': {  // TUPLE LIST DICT FROZENSET OBJ
-          const std::size_t mark = marks_.empty() ? stack_.size() : marks_.back();
-          if (op == 'd') even_above(mark, op_at);
-          const std::uint64_t values = values_above(mark);
-          const std::uint32_t depth = depth_above(mark);
-          // A short tuple's elements are kept: a tensor's sizes, strides and arguments.
-          const std::size_t count = mark < stack_.size() ? stack_.size() - mark - 1 : 0;
-          const bool keep = op == 't' && count <= tuple_elements_kept;
-          item elements[tuple_elements_kept];
-          if (keep) std::copy(stack_.end() - static_cast<std::ptrdiff_t>(count), stack_.end(), elements);
-          const std::uint32_t start = pop_to_mark();
-          push_built(start, saturating_sum(values, 1), depth + 1);
-          if (keep) keep_tuple({elements, count});
-          break;
-        }
-        case 'i': {  // INST module\nname\n
-          const std::size_t module_end = skip_line(at);
-          const std::size_t name_end = skip_line(module_end);
-          (void)global(text(at, module_end - 1), text(module_end, name_end - 1), op_at, op_at);
-          at = name_end;
-          const std::size_t mark = marks_.empty() ? stack_.size() : marks_.back();
-          const std::uint64_t values = values_above(mark);
-          const std::uint32_t depth = depth_above(mark);
-          push_built(pop_to_mark(), saturating_sum(values, 1), depth + 1);
-          break;
-        }
-        case 0x85: {  // TUPLE1
-          const item a = pop();
-          combine(a.start, {a});
-          keep_tuple({&a, 1});
-          break;
-        }
-        case 0x86: {  // TUPLE2
-          const item b = pop();
-          const item a = pop();
-          combine(a.start, {a, b});
-          const item pair[] = {a, b};
-          keep_tuple(pair);
-          break;
-        }
-        case 0x87: {  // TUPLE3
-          const item c = pop();
-          const item b = pop();
-          const item a = pop();
-          combine(a.start, {a, b, c});
-          const item triple[] = {a, b, c};
-          keep_tuple(triple);
-          break;
-        }
-        case 'e': case 0x90: case 'u': {  // APPENDS ADDITEMS SETITEMS
-          const std::size_t mark = marks_.empty() ? stack_.size() : marks_.back();
-          if (op == 'u') even_above(mark, op_at);
-          const std::uint64_t values = values_above(mark);
-          const std::uint32_t depth = depth_above(mark);
-          pop_to_mark();
-          grow_by(top(), values, depth, op_at);
-          if (op == 'u' && top().kind == tag::ordered_dict) result.has_ordered_dict = true;
-          break;
-        }
-        case 'a': {  // APPEND: list, value -> list
-          const item value = pop();
-          grow(top(), {value}, op_at);
-          ++marks_before_[value.start];
-          replace_[op_at] = 'e';
-          break;
-        }
-        case 's': {  // SETITEM: dict, key, value -> dict
-          const item value = pop();
-          const item key = pop();
-          grow(top(), {key, value}, op_at);
-          ++marks_before_[key.start];
-          replace_[op_at] = 'u';
-          if (top().kind == tag::ordered_dict) result.has_ordered_dict = true;
-          break;
-        }
-        case 0x80:  // PROTO
-          result.protocol = static_cast<int>(static_cast<unsigned char>(*need(at, 1)));
-          at += 1;
-          break;
-        case 0x95: need(at, 8); at += 8; dropped_[op_at] = 9; break;  // FRAME: dropped
-        case 0x97: case 0x98: break;                                   // NEXT_BUFFER READONLY_BUFFER (protocol 5)
-        case '.': stopped = true; break;                               // STOP
-        default:
-          fail("has the unknown opcode 0x" + hex(op), op_at);
+      if (op == '.') {  // STOP
+        stopped = true;
+      } else if (!push_value(op, at, op_at) && !stack_step(op, at, op_at, result) &&
+                 !build_container(op, at, op_at, result)) {
+        fail("has the unknown opcode 0x" + hex(op), op_at);
       }
     }
     if (!stopped) throw std::runtime_error("the pickle has no STOP opcode (truncated)");
@@ -351,6 +157,227 @@ class walker {
   }
 
  private:
+  // The opcodes that push a value or write the memo.
+  // Whether op is one of them.
+  bool push_value(unsigned char op, std::size_t& at, std::uint32_t op_at) {
+    switch (op) {
+      // ------------------------------------------------ push one value, no argument
+      case 'N': case 0x88: case 0x89: push(op_at); return true;                      // NONE NEWTRUE NEWFALSE
+      case '}': case ']': case 0x8f: push_built(op_at, 1, 1); return true;  // empty dict list set
+      case ')': push_built(op_at, 1, 1); keep_tuple({}); return true;  // EMPTY_TUPLE
+      // ------------------------------------------------ push, fixed-size argument
+      case 'K': at = push_integer(at, 1, false, op_at); return true;  // BININT1
+      case 'M': at = push_integer(at, 2, false, op_at); return true;  // BININT2
+      case 'J': at = push_integer(at, 4, true, op_at); return true;   // BININT
+      case 'G': at = push_after(at, 8, op_at); return true;  // BINFLOAT
+      case 0x82: case 0x83: case 0x84:                 // EXT1 EXT2 EXT4
+        fail("names a global through copyreg's extension registry (EXT" + std::to_string(op == 0x84 ? 4 : op - 0x81) +
+                 "), which loom does not resolve",
+             op_at);
+      case 'h': at = push_memo(at, 1, op_at); return true;  // BINGET
+      case 'j': at = push_memo(at, 4, op_at); return true;  // LONG_BINGET
+      // ------------------------------------------------ push, length-prefixed argument
+      case 'U': case 'T': case 'X': case 0x8c: case 0x8d:  // strings
+        at = skip_counted(at, counted_length_bytes(op), op_at, true);
+        return true;
+      case 0x8a: {  // LONG1: a little-endian two's complement integer of 0 to 255 bytes
+        const std::size_t length = static_cast<unsigned char>(*need(at, 1));
+        if (length >= 1 && length <= 8) {
+          at = push_integer(at + 1, static_cast<int>(length), true, op_at);
+        } else {
+          at = skip_counted(at, 1, op_at, false);
+        }
+        return true;
+      }
+      case 'C': case 'B': case 0x8b: case 0x8e: case 0x96:  // bytes, LONG4, bytearray
+        at = skip_counted(at, counted_length_bytes(op), op_at, false);
+        return true;
+      // ------------------------------------------------ push, newline-terminated argument
+      case 'I': case 'L': case 'F': case 'S': case 'V': case 'P':
+        at = skip_line(at);
+        push(op_at);
+        return true;
+      case 'g': {  // GET
+        const std::size_t end = skip_line(at);
+        push_memo_entry(op_at, decimal(at, end - 1, op_at));
+        at = end;
+        return true;
+      }
+      case 'c': {  // GLOBAL module\nname\n
+        const std::size_t module_end = skip_line(at);
+        const std::size_t name_end = skip_line(module_end);
+        stack_.push_back(global(text(at, module_end - 1), text(module_end, name_end - 1), op_at, op_at));
+        at = name_end;
+        return true;
+      }
+      case 0x93: {  // STACK_GLOBAL: module, name -> global
+        const item name = pop();
+        const item module = pop();
+        if (module.kind != tag::text || name.kind != tag::text) fail("names a global by a value that is not a string", op_at);
+        stack_.push_back(global(text_of(module), text_of(name), module.start, op_at));
+        return true;
+      }
+      // ------------------------------------------------ memo writes: no stack change
+      case 'q': at = memo_put_counted(at, 1, op_at); return true;  // BINPUT
+      case 'r': at = memo_put_counted(at, 4, op_at); return true;  // LONG_BINPUT
+      case 'p': {                                             // PUT
+        const std::size_t end = skip_line(at);
+        memo_put(decimal(at, end - 1, op_at), op_at);
+        at = end;
+        return true;
+      }
+      case 0x94: memo_put(memo_count_++, op_at); return true;  // MEMOIZE
+      default: return false;
+    }
+  }
+
+  // The opcodes that mark, pop, call and build: the stack's structure, and
+  // the framing (PROTO, FRAME, buffers).
+  // Whether op is one of them.
+  bool stack_step(unsigned char op, std::size_t& at, std::uint32_t op_at, pickle_fixup& result) {
+    switch (op) {
+      // ------------------------------------------------ structure
+      case '(':  // MARK
+        if (marks_.size() >= static_cast<std::size_t>(pickle_depth_limit)) {
+          fail("opens more than " + std::to_string(pickle_depth_limit) + " MARKs: containers nest deeper than " +
+                   std::to_string(pickle_depth_limit) + " levels",
+               op_at);
+        }
+        marks_.push_back(stack_.size());
+        stack_.push_back({op_at, no_entry, 0, tag::mark});
+        return true;
+      case '0': pop(); return true;                      // POP
+      case '1': pop_to_mark(); return true;              // POP_MARK
+      case '2': {                                  // DUP
+        const item copy = top();
+        if (copy.kind == tag::mark) fail("DUPs a MARK", op_at);
+        fetched_again(copy);
+        stack_.push_back(copy);
+        return true;
+      }
+      case 'R': {  // REDUCE: callable, args -> result
+        const item args = pop();
+        const item callable = pop();
+        if (callable.kind == tag::rebuild_tensor) check_rebuilt_tensor(args, op_at);
+        combine(callable.start, {callable, args}, callable.kind == tag::ordered_dict_class ? tag::ordered_dict : tag::none);
+        return true;
+      }
+      case 0x81: { const item args = pop(); const item cls = pop(); combine(cls.start, {cls, args}); return true; }  // NEWOBJ
+      case 0x92: {  // NEWOBJ_EX
+        const item kwargs = pop();
+        const item args = pop();
+        const item cls = pop();
+        combine(cls.start, {cls, args, kwargs});
+        return true;
+      }
+      case 'Q': {  // BINPERSID: a storage
+        const item pid = pop();
+        const storage_view storage = storage_of(pid, op_at);
+        combine(pid.start, {pid});
+        built_[stack_.back().built].storage = static_cast<std::uint32_t>(storages_.size());
+        storages_.push_back(storage);
+        return true;
+      }
+      case 'b': {  // BUILD: object, state -> object
+        const item state = pop();
+        grow(top(), {state}, op_at);
+        if (top().kind == tag::ordered_dict) result.has_ordered_dict = true;
+        return true;
+      }
+      case 0x80:  // PROTO
+        result.protocol = static_cast<int>(static_cast<unsigned char>(*need(at, 1)));
+        at += 1;
+        return true;
+      case 0x95: need(at, 8); at += 8; dropped_[op_at] = 9; return true;  // FRAME: dropped
+      case 0x97: case 0x98: return true;                                   // NEXT_BUFFER READONLY_BUFFER (protocol 5)
+      default: return false;
+    }
+  }
+
+  // The opcodes that build or fill a container from the values above a mark
+  // (or the top two or three).
+  // Whether op is one of them.
+  bool build_container(unsigned char op, std::size_t& at, std::uint32_t op_at, pickle_fixup& result) {
+    switch (op) {
+      case 't': case 'l': case 'd': case 0x91: case 'o': {  // TUPLE LIST DICT FROZENSET OBJ
+        const std::size_t mark = marks_.empty() ? stack_.size() : marks_.back();
+        if (op == 'd') even_above(mark, op_at);
+        const std::uint64_t values = values_above(mark);
+        const std::uint32_t depth = depth_above(mark);
+        // A short tuple's elements are kept: a tensor's sizes, strides and arguments.
+        const std::size_t count = mark < stack_.size() ? stack_.size() - mark - 1 : 0;
+        const bool keep = op == 't' && count <= tuple_elements_kept;
+        item elements[tuple_elements_kept];
+        if (keep) std::copy(stack_.end() - static_cast<std::ptrdiff_t>(count), stack_.end(), elements);
+        const std::uint32_t start = pop_to_mark();
+        push_built(start, saturating_sum(values, 1), depth + 1);
+        if (keep) keep_tuple({elements, count});
+        return true;
+      }
+      case 'i': {  // INST module\nname\n
+        const std::size_t module_end = skip_line(at);
+        const std::size_t name_end = skip_line(module_end);
+        (void)global(text(at, module_end - 1), text(module_end, name_end - 1), op_at, op_at);
+        at = name_end;
+        const std::size_t mark = marks_.empty() ? stack_.size() : marks_.back();
+        const std::uint64_t values = values_above(mark);
+        const std::uint32_t depth = depth_above(mark);
+        push_built(pop_to_mark(), saturating_sum(values, 1), depth + 1);
+        return true;
+      }
+      case 0x85: {  // TUPLE1
+        const item a = pop();
+        combine(a.start, {a});
+        keep_tuple({&a, 1});
+        return true;
+      }
+      case 0x86: {  // TUPLE2
+        const item b = pop();
+        const item a = pop();
+        combine(a.start, {a, b});
+        const item pair[] = {a, b};
+        keep_tuple(pair);
+        return true;
+      }
+      case 0x87: {  // TUPLE3
+        const item c = pop();
+        const item b = pop();
+        const item a = pop();
+        combine(a.start, {a, b, c});
+        const item triple[] = {a, b, c};
+        keep_tuple(triple);
+        return true;
+      }
+      case 'e': case 0x90: case 'u': {  // APPENDS ADDITEMS SETITEMS
+        const std::size_t mark = marks_.empty() ? stack_.size() : marks_.back();
+        if (op == 'u') even_above(mark, op_at);
+        const std::uint64_t values = values_above(mark);
+        const std::uint32_t depth = depth_above(mark);
+        pop_to_mark();
+        grow_by(top(), values, depth, op_at);
+        if (op == 'u' && top().kind == tag::ordered_dict) result.has_ordered_dict = true;
+        return true;
+      }
+      case 'a': {  // APPEND: list, value -> list
+        const item value = pop();
+        grow(top(), {value}, op_at);
+        ++marks_before_[value.start];
+        replace_[op_at] = 'e';
+        return true;
+      }
+      case 's': {  // SETITEM: dict, key, value -> dict
+        const item value = pop();
+        const item key = pop();
+        grow(top(), {key, value}, op_at);
+        ++marks_before_[key.start];
+        replace_[op_at] = 'u';
+        if (top().kind == tag::ordered_dict) result.has_ordered_dict = true;
+        return true;
+      }
+      default: return false;
+    }
+  }
+
   [[noreturn]] static void fail(const std::string& what, std::uint32_t op_at) {
     throw std::runtime_error("the pickle " + what + " (at byte " + std::to_string(op_at) + ")");
   }

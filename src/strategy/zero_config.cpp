@@ -268,30 +268,8 @@ void read_offload(section& zero, std::string_view key, zero_offload& out, bool h
   }
 }
 
-void read_config(const json& root, zero_config& config, std::string_view precision, int world_size) {
-  section top(root, "", config.source, config);
-  // Batch sizes and the step.
-  std::int64_t batch = 0, micro = 0, accumulation = 0;
-  top.integer("train_batch_size", batch, 1);
-  top.integer("train_micro_batch_size_per_gpu", micro, 1);
-  top.integer("gradient_accumulation_steps", accumulation, 1);
-  top.number("gradient_clipping", config.gradient_clipping, 0);
-  top.boolean("zero_allow_untested_optimizer", config.zero_allow_untested_optimizer);
-  top.ignored("steps_per_print", "loom does not print progress; log with fabric.log");
-  top.ignored("wall_clock_breakdown", "loom does not time its phases; see bench/ and fabric's throughput monitor");
-  top.ignored("dump_state", "loom prints no engine state");
-  top.refused("optimizer", "pass a torch::optim optimizer to fabric.setup(module, optimizer) instead (loom builds no "
-                           "optimizer from JSON; its ZeRO steps any torch::optim optimizer on the shards)");
-  top.refused("scheduler", "step a LibTorch scheduler (or loom's trainer schedules) yourself; loom builds no "
-                           "scheduler from JSON");
-  std::string communication;
-  top.text("communication_data_type", communication, {"fp32", "fp16", "bf16"});
-  config.communication_data_type = communication;
-  top.noted("prescale_gradients", false,
-            "loom sums the gradients and divides once by the world size; dividing first gives the same mean");
-  top.noted("gradient_predivide_factor", 1.0,
-            "loom sums the gradients and divides once by the world size; dividing first gives the same mean");
-
+// zero_optimization: the stage, its offloads and its buckets.
+int read_zero_optimization(section& top, zero_config& config) {
   int stage = 0;
   if (top.has("zero_optimization")) {
     top.object("zero_optimization", [&](section& zero) {
@@ -329,7 +307,12 @@ void read_config(const json& root, zero_config& config, std::string_view precisi
       zero.refused("cpu_offload", "DeepSpeed replaced it with offload_optimizer: {\"device\": \"cpu\"}");
     });
   }
-  config.stage = stage;
+  return stage;
+}
+
+// The sections beside zero_optimization: aio (the NVMe stream), activation
+// checkpointing (noted), fp16 and bf16.
+void read_other_sections(section& top, zero_config& config) {
   top.object("aio", [&](section& aio) {
     aio.integer("block_size", config.aio.block_size, 512);
     aio.integer("queue_depth", config.aio.queue_depth, 1, 1 << 16);
@@ -356,10 +339,11 @@ void read_config(const json& root, zero_config& config, std::string_view precisi
     fp16.number("min_loss_scale", config.fp16.min_loss_scale, 0);
   });
   top.object("bf16", [&](section& bf16) { bf16.boolean("enabled", config.bf16); });
-  top.finish();
+}
 
-  // The precision: the Fabric's decides (Lightning adds the section from it
-  // when the config has none); a config that says otherwise is an error.
+// The precision: the Fabric's decides (Lightning adds the section from it
+// when the config has none); a config that says otherwise is an error.
+void check_precision(const json& root, zero_config& config, std::string_view precision) {
   const bool half = precision == "16-mixed" || precision == "16-true";
   const bool brain = precision == "bf16-mixed" || precision == "bf16-true";
   if (!root.contains("fp16") && half) config.fp16.enabled = true;
@@ -377,9 +361,12 @@ void read_config(const json& root, zero_config& config, std::string_view precisi
     throw configuration_error("deepspeed config (" + config.source + "): 'fp16.enabled' and 'bf16.enabled' are both "
                               "true; DeepSpeed takes one");
   }
+}
 
-  // Batch sizes as DeepSpeed derives and checks them; a product of values
-  // from outside is checked before it is used.
+// Batch sizes as DeepSpeed derives and checks them; a product of values
+// from outside is checked before it is used.
+void derive_batch_sizes(zero_config& config, std::int64_t batch, std::int64_t micro, std::int64_t accumulation,
+                        int world_size) {
   const std::int64_t w = world_size;
   auto product = [&](std::int64_t a, std::int64_t b, std::int64_t c, const char* names) {
     std::int64_t out = 0;
@@ -424,6 +411,37 @@ void read_config(const json& root, zero_config& config, std::string_view precisi
   config.train_batch_size = batch;
   config.train_micro_batch_size_per_gpu = micro;
   config.gradient_accumulation_steps = accumulation;
+}
+
+void read_config(const json& root, zero_config& config, std::string_view precision, int world_size) {
+  section top(root, "", config.source, config);
+  // Batch sizes and the step.
+  std::int64_t batch = 0, micro = 0, accumulation = 0;
+  top.integer("train_batch_size", batch, 1);
+  top.integer("train_micro_batch_size_per_gpu", micro, 1);
+  top.integer("gradient_accumulation_steps", accumulation, 1);
+  top.number("gradient_clipping", config.gradient_clipping, 0);
+  top.boolean("zero_allow_untested_optimizer", config.zero_allow_untested_optimizer);
+  top.ignored("steps_per_print", "loom does not print progress; log with fabric.log");
+  top.ignored("wall_clock_breakdown", "loom does not time its phases; see bench/ and fabric's throughput monitor");
+  top.ignored("dump_state", "loom prints no engine state");
+  top.refused("optimizer", "pass a torch::optim optimizer to fabric.setup(module, optimizer) instead (loom builds no "
+                           "optimizer from JSON; its ZeRO steps any torch::optim optimizer on the shards)");
+  top.refused("scheduler", "step a LibTorch scheduler (or loom's trainer schedules) yourself; loom builds no "
+                           "scheduler from JSON");
+  std::string communication;
+  top.text("communication_data_type", communication, {"fp32", "fp16", "bf16"});
+  config.communication_data_type = communication;
+  top.noted("prescale_gradients", false,
+            "loom sums the gradients and divides once by the world size; dividing first gives the same mean");
+  top.noted("gradient_predivide_factor", 1.0,
+            "loom sums the gradients and divides once by the world size; dividing first gives the same mean");
+
+  config.stage = read_zero_optimization(top, config);
+  read_other_sections(top, config);
+  top.finish();
+  check_precision(root, config, precision);
+  derive_batch_sizes(config, batch, micro, accumulation, world_size);
 }
 
 }  // namespace
