@@ -338,8 +338,9 @@ TEST_CASE("users register their own names; an existing name needs the override f
 }
 
 namespace {
+constexpr loom::precision_dtypes fp32_dtypes = loom::precision_dtypes_of<loom::fp32>();
 // The error resolving a DeepSpeed config (JSON text) gives, or "(accepted)".
-std::string zero_refusal(const std::string& json, std::string_view precision = "32-true", int world_size = 2) {
+std::string zero_refusal(const std::string& json, const loom::precision_dtypes& precision = {}, int world_size = 2) {
   try {
     loom::resolve_zero_config(loom::deepspeed_options{.config = json}, precision, world_size);
   } catch (const loom::configuration_error& error) {
@@ -350,7 +351,7 @@ std::string zero_refusal(const std::string& json, std::string_view precision = "
 }  // namespace
 
 TEST_CASE("deepspeed: Lightning's defaults, presets and a ds_config.json as DeepSpeed reads it", "[runtime][zero]") {
-  const auto defaults = loom::resolve_zero_config({}, "32-true", 2);
+  const auto defaults = loom::resolve_zero_config({}, fp32_dtypes, 2);
   CHECK(defaults.stage == 2);
   CHECK(defaults.offload_optimizer.device == loom::offload_device::none);
   CHECK(defaults.reduce_bucket_size == 200'000'000);
@@ -360,7 +361,7 @@ TEST_CASE("deepspeed: Lightning's defaults, presets and a ds_config.json as Deep
   CHECK(defaults.source == "the strategy's arguments");
   // deepspeed_stage_3_offload: optimizer and parameters to the CPU.
   const auto offload = loom::resolve_zero_config(
-      loom::deepspeed_options{.stage = 3, .offload_optimizer = true, .offload_parameters = true}, "32-true", 2);
+      loom::deepspeed_options{.stage = 3, .offload_optimizer = true, .offload_parameters = true}, fp32_dtypes, 2);
   CHECK(offload.offload_param.device == loom::offload_device::cpu);
   CHECK(offload.offload_param.buffer_count == 5);
   CHECK(offload.offload_optimizer.buffer_count == 4);
@@ -370,7 +371,7 @@ TEST_CASE("deepspeed: Lightning's defaults, presets and a ds_config.json as Deep
         "gradient_clipping": 1.0, "steps_per_print": 10, "wall_clock_breakdown": false,
         "zero_optimization": {"stage": 3, "reduce_bucket_size": 5e8, "stage3_max_live_parameters": 1e9,
         "overlap_comm": true}, "aio": {"block_size": 262144, "queue_depth": 16}})"},
-      "32-true", 2);
+      fp32_dtypes, 2);
   CHECK(config.stage == 3);
   CHECK(config.gradient_accumulation_steps == 4);  // 64 / (8 x 2)
   CHECK(config.reduce_bucket_size == 500'000'000);
@@ -378,10 +379,11 @@ TEST_CASE("deepspeed: Lightning's defaults, presets and a ds_config.json as Deep
   CHECK(config.source == "a config object");
   CHECK(config.notices.size() == 3);  // steps_per_print, wall_clock_breakdown, stage3_max_live_parameters
   // A user config replaces the arguments (as Lightning): stage 0 when it has no zero_optimization.
-  CHECK(loom::resolve_zero_config(loom::deepspeed_options{.stage = 3, .config = "{}"}, "32-true", 2).stage == 0);
+  CHECK(loom::resolve_zero_config(loom::deepspeed_options{.stage = 3, .config = "{}"}, fp32_dtypes, 2).stage == 0);
   // The precision adds its section when the config has none.
-  CHECK(loom::resolve_zero_config({}, "bf16-mixed", 2).bf16);
-  CHECK(loom::resolve_zero_config({}, "16-mixed", 2).fp16.initial_scale_power == 16);
+  CHECK(loom::resolve_zero_config({}, loom::precision_dtypes_of<loom::bf16_mixed>(), 2).bf16);
+  CHECK(loom::resolve_zero_config({}, loom::precision_dtypes_of<loom::fp16_mixed>(), 2).fp16.initial_scale_power ==
+        16);
 }
 
 TEST_CASE("deepspeed: bad configs name the key, the value and what is accepted", "[runtime][zero]") {
@@ -415,7 +417,7 @@ TEST_CASE("deepspeed: bad configs name the key, the value and what is accepted",
   CHECK_THAT(zero_refusal(R"({"bf16": {"enabled": true}})"),
              Catch::Contains("'bf16.enabled' is true but the Fabric's precision is 32-true"));
   CHECK_THAT(zero_refusal(R"({"zero_optimization": {"stage": 2})"), Catch::Contains("is not valid JSON"));
-  CHECK_THROWS_WITH(loom::resolve_zero_config({.config = "/no/such/ds_config.json"}, "32-true", 2),
+  CHECK_THROWS_WITH(loom::resolve_zero_config({.config = "/no/such/ds_config.json"}, fp32_dtypes, 2),
                     Catch::Contains("the path does not exist: /no/such/ds_config.json"));
   // JSON from outside: nesting bounded (10^5 levels would overflow the stack
   // in nlohmann's recursive dump), no key twice, batch products checked.
@@ -435,7 +437,7 @@ TEST_CASE("deepspeed: bad configs name the key, the value and what is accepted",
   CHECK_THAT(zero_refusal(R"({"train_micro_batch_size_per_gpu": 4611686018427387904})"),
              Catch::Contains("does not fit in a 64-bit integer"));
   // Only a regular file is read as a config: /dev/zero would be read until memory ran out.
-  CHECK_THROWS_WITH(loom::resolve_zero_config({.config = "/dev/zero"}, "32-true", 2),
+  CHECK_THROWS_WITH(loom::resolve_zero_config({.config = "/dev/zero"}, fp32_dtypes, 2),
                     Catch::Contains("deepspeed config /dev/zero: it is a character device, not a regular file"));
 }
 

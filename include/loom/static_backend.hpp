@@ -71,7 +71,7 @@ class static_backend {
     environment.device_of = &A::device;
     environment.accelerator = A::name;
     environment.strategy = S::name;
-    environment.precision = P::name;
+    environment.precision = precision_dtypes_of<P>();
     environment.num_nodes = options.num_nodes;
     strategy_.setup_environment(environment);
   }

@@ -30,9 +30,7 @@ std::size_t bytes_of(const at::Tensor& flat) { return static_cast<std::size_t>(f
 at::Tensor alias(const at::Tensor& base, int64_t offset, at::IntArrayRef shape) {
   at::NoGradGuard no_grad;
   std::vector<int64_t> strides(shape.size(), 1);
-  for (int64_t d = static_cast<int64_t>(shape.size()) - 2; d >= 0; --d) {
-    strides[static_cast<std::size_t>(d)] = strides[static_cast<std::size_t>(d + 1)] * shape[static_cast<std::size_t>(d + 1)];
-  }
+  for (std::size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * shape[d];
   at::Tensor out = at::empty({0}, base.options());
   out.set_(base.storage(), base.storage_offset() + offset, shape, strides);
   return out;

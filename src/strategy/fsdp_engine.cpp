@@ -390,9 +390,9 @@ class gradient_ready_hook final : public torch::autograd::FunctionPostHook {
 // (FSDPPrecision.mixed_precision_config), overridden field by field by the
 // mixed_precision option, whose buffer_dtype converts the buffers now.
 std::optional<c10::ScalarType> reduce_dtype_of(torch::nn::Module& module, const fsdp_options& options,
-                                               std::string_view precision) {
+                                               const precision_dtypes& precision) {
   std::optional<c10::ScalarType> reduce_dtype;
-  if (precision == "bf16-mixed") reduce_dtype = at::kBFloat16;
+  if (precision.mixed && precision.bfloat()) reduce_dtype = at::kBFloat16;
   if (!options.mixed_precision) return reduce_dtype;
   const fsdp_mixed_precision& mixed = *options.mixed_precision;
   if (mixed.reduce_dtype) reduce_dtype = mixed.reduce_dtype;
@@ -401,7 +401,7 @@ std::optional<c10::ScalarType> reduce_dtype_of(torch::nn::Module& module, const 
       throw configuration_error(
           std::string("fsdp: mixed_precision.param_dtype = ") + c10::toString(*mixed.param_dtype) +
           ", but the parameters are " + c10::toString(p.scalar_type()) + " (under precision " +
-          std::string(precision) + "); gathering in another dtype than the parameters' is not built yet: leave "
+          std::string(precision.name) + "); gathering in another dtype than the parameters' is not built yet: leave "
           "param_dtype unset, or choose the precision that gives the parameters that dtype (bf16-true)");
     }
   }
@@ -440,7 +440,7 @@ const fsdp_options& checked(const fsdp_options& options) {
 
 // ------------------------------------------------------------------ setup
 fsdp_engine::fsdp_engine(torch::nn::Module& module, comm::process_group& world, const fsdp_options& options,
-                         int ranks_per_node, std::string_view precision)
+                         int ranks_per_node, const precision_dtypes& precision)
     : impl_(std::make_shared<impl>(world, checked(options), ranks_per_node)) {
   impl& self = *impl_;
   self.comm.set_reduce_dtype(reduce_dtype_of(module, options, precision));

@@ -164,7 +164,8 @@ void say_tied(const std::vector<std::unique_ptr<sharded_unit>>& units, const own
   std::string list;
   std::set<int> seen;
   for (int u : o.units) {
-    if (seen.insert(u).second) list += (list.empty() ? "" : ", ") + shown_unit(units[static_cast<std::size_t>(u)]->name);
+    if (!seen.insert(u).second) continue;
+    list += (list.empty() ? "" : ", ") + shown_unit(units[static_cast<std::size_t>(u)]->name);
   }
   std::cerr << "loom fsdp: parameter '" << o.names.front() << "' (also '" << o.names.back()
             << "') is used by the units " << list << "; it is flattened once, into "

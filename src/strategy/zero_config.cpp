@@ -343,18 +343,20 @@ void read_other_sections(section& top, zero_config& config) {
 
 // The precision: the Fabric's decides (Lightning adds the section from it
 // when the config has none); a config that says otherwise is an error.
-void check_precision(const json& root, zero_config& config, std::string_view precision) {
-  const bool half = precision == "16-mixed" || precision == "16-true";
-  const bool brain = precision == "bf16-mixed" || precision == "bf16-true";
+void check_precision(const json& root, zero_config& config, const precision_dtypes& precision) {
+  const bool half = precision.half();
+  const bool brain = precision.bfloat();
   if (!root.contains("fp16") && half) config.fp16.enabled = true;
   if (!root.contains("bf16") && brain) config.bf16 = true;
   if (config.fp16.enabled && !half) {
     throw configuration_error("deepspeed config (" + config.source + "): 'fp16.enabled' is true but the Fabric's "
-                              "precision is " + std::string(precision) + ": choose precision 16-mixed, or drop fp16");
+                              "precision is " + std::string(precision.name) +
+                              ": choose precision 16-mixed, or drop fp16");
   }
   if (config.bf16 && !brain) {
     throw configuration_error("deepspeed config (" + config.source + "): 'bf16.enabled' is true but the Fabric's "
-                              "precision is " + std::string(precision) + ": choose bf16-mixed or bf16-true, or drop "
+                              "precision is " + std::string(precision.name) +
+                              ": choose bf16-mixed or bf16-true, or drop "
                               "bf16");
   }
   if (config.fp16.enabled && config.bf16) {
@@ -413,7 +415,7 @@ void derive_batch_sizes(zero_config& config, std::int64_t batch, std::int64_t mi
   config.gradient_accumulation_steps = accumulation;
 }
 
-void read_config(const json& root, zero_config& config, std::string_view precision, int world_size) {
+void read_config(const json& root, zero_config& config, const precision_dtypes& precision, int world_size) {
   section top(root, "", config.source, config);
   // Batch sizes and the step.
   std::int64_t batch = 0, micro = 0, accumulation = 0;
@@ -446,7 +448,7 @@ void read_config(const json& root, zero_config& config, std::string_view precisi
 
 }  // namespace
 
-zero_config resolve_zero_config(const deepspeed_options& options, std::string_view precision, int world_size) {
+zero_config resolve_zero_config(const deepspeed_options& options, const precision_dtypes& precision, int world_size) {
   zero_config config;
   json root;
   if (!options.config.empty()) {
@@ -461,7 +463,7 @@ zero_config resolve_zero_config(const deepspeed_options& options, std::string_vi
     config.source = "the strategy's arguments";
     root = from_arguments(options);
     // Lightning's _format_precision_config adds fp16 from the arguments.
-    if (precision == "16-mixed" || precision == "16-true") {
+    if (precision.half()) {
       root["fp16"] = {{"enabled", true},
                       {"loss_scale", options.loss_scale},
                       {"initial_scale_power", options.initial_scale_power},

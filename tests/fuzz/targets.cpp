@@ -193,7 +193,9 @@ int zero_config(const std::uint8_t* data, std::size_t size) {
   if (options.config.empty() || options.config.front() != '{') options.config.insert(0, "{");  // JSON text, not a path
   // Under each precision family: the config's fp16 and bf16 sections are
   // checked against the Fabric's precision.
-  for (const char* precision : {"32-true", "16-mixed", "bf16-mixed"}) {
+  for (const loom::precision_dtypes& precision : {loom::precision_dtypes_of<loom::fp32>(),
+                                                  loom::precision_dtypes_of<loom::fp16_mixed>(),
+                                                  loom::precision_dtypes_of<loom::bf16_mixed>()}) {
     refused_only_as<loom::configuration_error>([&] { (void)loom::resolve_zero_config(options, precision, 2); });
   }
   return 0;

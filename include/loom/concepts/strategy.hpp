@@ -9,6 +9,7 @@
 
 #include <loom/comm/reduce_op.hpp>
 #include <loom/concepts/base.hpp>
+#include <loom/concepts/precision_dtypes.hpp>
 #include <loom/devices.hpp>
 
 #include <ATen/core/Tensor.h>
@@ -48,7 +49,7 @@ struct strategy_environment {
   c10::Device (*device_of)(const device_selection&, int local_rank) = nullptr;
   std::string_view accelerator;
   std::string_view strategy;
-  std::string_view precision;  // the Fabric's precision (sharded strategies choose their dtypes from it)
+  precision_dtypes precision;  // the Fabric's precision (sharded strategies choose their dtypes from it)
   int num_nodes = 1;
 };
 

@@ -80,9 +80,9 @@ struct deepspeed : fsdp {
   void setup_environment(const strategy_environment& environment) {
     fsdp::setup_environment(environment);
     config_ = resolve_zero_config(arguments_, precision_, world_size());
-    if (config_.fp16.enabled && precision_ != "16-mixed") {
+    if (config_.fp16.enabled && !(precision_.mixed && precision_.half())) {
       throw configuration_error("deepspeed: fp16 (DeepSpeed's dynamic loss scaling) takes precision 16-mixed, not " +
-                                precision_);
+                                std::string(precision_.name));
     }
     if (config_.offload_param.device == offload_device::nvme) {
       // ZeRO-Infinity: loom keeps each rank's parameter partition in the same

@@ -40,7 +40,7 @@ struct fsdp : parallel {
 
   void setup_environment(const strategy_environment& environment) {
     parallel::setup_environment(environment);
-    precision_ = std::string(environment.precision.empty() ? "32-true" : environment.precision);
+    precision_ = environment.precision;
   }
 
   module_state setup_module(torch::nn::Module& module, bool move_to_device = true) {
@@ -146,7 +146,7 @@ struct fsdp : parallel {
   }
 
   fsdp_options options_;
-  std::string precision_ = "32-true";
+  precision_dtypes precision_;
   std::vector<std::weak_ptr<detail::fsdp_engine>> engines_;
 };
 

@@ -10,6 +10,7 @@
 
 #include <loom/checkpoint/io.hpp>
 #include <loom/comm/process_group.hpp>
+#include <loom/concepts/precision_dtypes.hpp>
 #include <loom/strategy/fsdp_options.hpp>
 #include <loom/strategy/placement.hpp>
 #include <loom/util/apply_to_collection.hpp>
@@ -72,10 +73,10 @@ class fsdp_engine {
  public:
   // Collective over world: every rank builds the same units. shard_size is
   // the size of the shard group (the replicate group is world / shard_size).
-  // precision: the Fabric's ("bf16-mixed" reduces gradients in bf16 unless
+  // precision: the Fabric's (bf16-mixed reduces gradients in bf16 unless
   // options.mixed_precision says otherwise).
   fsdp_engine(torch::nn::Module& module, comm::process_group& world, const fsdp_options& options,
-              int ranks_per_node, std::string_view precision = "32-true");
+              int ranks_per_node, const precision_dtypes& precision = {});
   fsdp_engine(const fsdp_engine&) = delete;
   fsdp_engine& operator=(const fsdp_engine&) = delete;
   ~fsdp_engine();

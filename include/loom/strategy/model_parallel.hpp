@@ -80,7 +80,7 @@ struct model_parallel : parallel {
   void setup_environment(const strategy_environment& environment) {
     parallel::setup_environment(environment);
     num_nodes_ = environment.num_nodes;
-    precision_ = std::string(environment.precision.empty() ? "32-true" : environment.precision);
+    precision_ = environment.precision;
   }
 
   // The 2-D mesh (data_parallel, tensor_parallel), formed on first use
@@ -195,7 +195,7 @@ struct model_parallel : parallel {
   model_parallel_options options_;
   std::vector<std::weak_ptr<detail::fsdp_engine>> engines_;
   int num_nodes_ = 1;
-  std::string precision_ = "32-true";
+  precision_dtypes precision_;
   std::shared_ptr<comm::device_mesh> mesh_;
 };
 

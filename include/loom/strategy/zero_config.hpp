@@ -5,6 +5,7 @@
 // combinations DeepSpeed refuses are errors (loom::configuration_error).
 #pragma once
 
+#include <loom/concepts/precision_dtypes.hpp>
 #include <loom/strategy/deepspeed_options.hpp>
 
 #include <cstdint>
@@ -75,6 +76,6 @@ struct zero_config {
 
 // Resolves options (their config, PL_DEEPSPEED_CONFIG_PATH, or the arguments
 // as Lightning maps them) under the Fabric's precision and world size.
-zero_config resolve_zero_config(const deepspeed_options& options, std::string_view precision, int world_size);
+zero_config resolve_zero_config(const deepspeed_options& options, const precision_dtypes& precision, int world_size);
 
 }  // namespace loom
