@@ -9,9 +9,18 @@
 
 namespace loom {
 
+// The rules' device type of an accelerator's c10::DeviceType.
+template <class A>
+constexpr rules::device_type device_type_of() {
+  static_assert(A::device_type == c10::DeviceType::CPU || A::device_type == c10::DeviceType::CUDA,
+                "loom: this accelerator's device_type is neither CPU nor CUDA; add it to loom::rules::device_type "
+                "(concepts/compatibility_rules.hpp) and to device_type_of (compatibility.hpp)");
+  return A::device_type == c10::DeviceType::CUDA ? rules::device_type::cuda : rules::device_type::cpu;
+}
+
 template <class A>
 constexpr rules::accelerator_facts accelerator_facts_of() {
-  return {.name = A::name, .fp16_compute = supports_fp16_compute<A>};
+  return {.name = A::name, .device = device_type_of<A>(), .fp16_compute = supports_fp16_compute<A>};
 }
 template <class P>
 constexpr rules::precision_facts precision_facts_of() {
@@ -24,8 +33,7 @@ template <class S>
 constexpr rules::strategy_facts strategy_facts_of() {
   return {.name = S::name,
           .multi_process = is_distributed<S>,
-          .runs_on_cpu = strategy_runs_on_cpu<S>,
-          .runs_on_cuda = strategy_runs_on_cuda<S>,
+          .devices = strategy_devices<S>,
           .sharded = is_sharded<S>,
           .scales_own_loss = scales_own_loss<S>};
 }

@@ -187,8 +187,7 @@ connection connect(connector_input input, const machine_facts& machine, const cl
   // The compatibility rules, as Fabric<A, S, P> asserts them (concepts/compatibility_rules.hpp).
   const rules::strategy_facts strategy_facts{.name = chosen,
                                              .multi_process = entry->multi_process,
-                                             .runs_on_cpu = entry->runs_on_cpu,
-                                             .runs_on_cuda = entry->runs_on_cuda,
+                                             .devices = entry->devices,
                                              .sharded = entry->sharded,
                                              .scales_own_loss = entry->scales_own_loss};
   if (rules::processes_fit(strategy_facts, out.processes_per_node, input.num_nodes) != rules::rule::none) {

@@ -47,8 +47,8 @@ void registry::add_strategy(const std::vector<registry_entry>& entries, registra
   if (lightning == nullptr || !lightning->built) {
     std::erase_if(user_names_, [&](const strategy_name& known) { return known.name == name; });
     const registry_entry& first = entries.front();
-    user_names_.push_back({name, true, "", first.description, first.multi_process, first.runs_on_cpu,
-                           first.runs_on_cuda, first.sharded, first.scales_own_loss});
+    user_names_.push_back({name, true, "", first.description, first.multi_process, first.devices, first.sharded,
+                           first.scales_own_loss});
   }
 }
 

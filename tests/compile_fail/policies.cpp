@@ -17,7 +17,7 @@ struct strategy_tag_only {
 };
 struct cuda_only_strategy : loom::strategy_base {
   static constexpr std::string_view name = "cuda-only";
-  static constexpr bool runs_on_cpu = false;
+  static constexpr loom::rules::device_types runs_on = {loom::rules::device_type::cuda};
 };
 struct precision_without_dtypes : loom::precision_base {
   static constexpr std::string_view name = "nameless-dtype";

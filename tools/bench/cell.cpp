@@ -81,7 +81,7 @@ std::vector<std::string> default_cells() {
   for (const auto& entry : loom::runtime::strategy_names()) {
     // Fork variants run as their base under an external launcher; dp and
     // model_parallel are built from objects (model_parallel is added below).
-    if (!entry.built || !entry.runs_on_cpu || !entry.reason.empty()) continue;
+    if (!entry.built || !entry.devices.contains(loom::rules::device_type::cpu) || !entry.reason.empty()) continue;
     if (entry.name.find("fork") != std::string::npos) continue;
     // NVMe offload needs a directory on a local disk: name it with +nvme_path=DIR.
     if (entry.name.find("nvme") != std::string::npos) continue;

@@ -5,6 +5,8 @@
 // Torch-free, so loom-run checks its flags with it before starting anything.
 #pragma once
 
+#include <cstdint>
+#include <initializer_list>
 #include <string_view>
 
 // Each rule's sentence, as a literal: C++20's static_assert takes only
@@ -17,8 +19,8 @@
   "16-mixed cannot run on this accelerator: LibTorch 1.13 refuses fp16 autocast on CPU. Use bf16-mixed "           \
   "(loom::bf16_mixed) on cpu, or cuda for 16-mixed."
 #define LOOM_RULE_STRATEGY_NOT_ON_ACCELERATOR                                                                       \
-  "the strategy does not run on this accelerator (its runs_on_cpu / runs_on_cuda traits say so). Choose another "   \
-  "accelerator or strategy."
+  "the strategy does not run on this accelerator's device type (its `runs_on` trait does not list it). Choose "     \
+  "another accelerator or strategy."
 #define LOOM_RULE_DP_ON_CPU                                                                                         \
   "dp (DataParallel) drives several devices from one process and runs on cuda only; on cpu Lightning falls back "  \
   "to ddp with a warning, as loom's string path (make_fabric, loom-run) does. Use loom::ddp with loom::cpu."
@@ -33,9 +35,31 @@
 
 namespace loom::rules {
 
+// The device types loom's accelerators compute on (an accelerator's
+// c10::DeviceType, read by compatibility.hpp's device_type_of), and the set a
+// strategy supports (static constexpr rules::device_types runs_on; all unless
+// it says).
+enum class device_type : std::uint8_t { cpu, cuda };
+
+class device_types {
+ public:
+  constexpr device_types() = default;  // none
+  constexpr device_types(std::initializer_list<device_type> types) {
+    for (device_type type : types) bits_ |= bit(type);
+  }
+  static constexpr device_types all() { return {device_type::cpu, device_type::cuda}; }
+  constexpr bool contains(device_type type) const noexcept { return (bits_ & bit(type)) != 0; }
+  friend constexpr bool operator==(device_types, device_types) = default;
+
+ private:
+  static constexpr std::uint32_t bit(device_type type) { return std::uint32_t{1} << static_cast<unsigned>(type); }
+  std::uint32_t bits_ = 0;
+};
+
 // What the rules read of each policy.
 struct accelerator_facts {
   std::string_view name;
+  device_type device = device_type::cpu;
   bool fp16_compute = true;  // fp16 matmul and fp16 autocast have kernels
 };
 struct precision_facts {
@@ -47,8 +71,7 @@ struct precision_facts {
 struct strategy_facts {
   std::string_view name;
   bool multi_process = false;  // more than one process (else: one process, one device)
-  bool runs_on_cpu = true;
-  bool runs_on_cuda = true;
+  device_types devices = device_types::all();
   bool sharded = false;  // gradients live in shards (fsdp, deepspeed)
   bool scales_own_loss = false;  // scales the loss itself under 16-mixed (deepspeed)
 };
@@ -88,9 +111,8 @@ constexpr std::string_view reason(rule id) {
 // The first rule the combination breaks, or rule::none.
 constexpr rule first_broken(const accelerator_facts& accelerator, const strategy_facts& strategy,
                             const precision_facts& precision) {
-  const bool cuda = accelerator.name == "cuda";
-  if (!cuda && strategy.name == "dp") return rule::dp_on_cpu;
-  if (!(cuda ? strategy.runs_on_cuda : strategy.runs_on_cpu)) return rule::strategy_not_on_accelerator;
+  if (accelerator.device == device_type::cpu && strategy.name == "dp") return rule::dp_on_cpu;
+  if (!strategy.devices.contains(accelerator.device)) return rule::strategy_not_on_accelerator;
   if (strategy.sharded && (precision.fp64 || (precision.fp16 && precision.mixed && !strategy.scales_own_loss))) {
     return rule::sharded_precision;
   }
@@ -106,7 +128,8 @@ constexpr rule processes_fit(const strategy_facts& strategy, int processes_per_n
 
 // The built-in accelerators' and precisions' facts by name (the connector's side).
 constexpr accelerator_facts builtin_accelerator(std::string_view name) {
-  return {.name = name, .fp16_compute = name == "cuda"};
+  const device_type device = name == "cuda" ? device_type::cuda : device_type::cpu;
+  return {.name = name, .device = device, .fp16_compute = device == device_type::cuda};
 }
 constexpr precision_facts builtin_precision(std::string_view canonical_name) {
   return {.name = canonical_name,

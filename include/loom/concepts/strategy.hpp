@@ -9,6 +9,7 @@
 
 #include <loom/comm/reduce_op.hpp>
 #include <loom/concepts/base.hpp>
+#include <loom/concepts/compatibility_rules.hpp>
 #include <loom/concepts/precision_dtypes.hpp>
 #include <loom/devices.hpp>
 
@@ -91,16 +92,11 @@ inline constexpr bool needs_distributed_sampler = [] {
   else return false;
 }();
 
-// The accelerators a strategy runs on (compatibility_rules.hpp reads them).
+// The device types a strategy runs on (compatibility_rules.hpp reads them).
 template <class S>
-inline constexpr bool strategy_runs_on_cpu = [] {
-  if constexpr (requires { S::runs_on_cpu; }) return bool(S::runs_on_cpu);
-  else return true;
-}();
-template <class S>
-inline constexpr bool strategy_runs_on_cuda = [] {
-  if constexpr (requires { S::runs_on_cuda; }) return bool(S::runs_on_cuda);
-  else return true;
+inline constexpr rules::device_types strategy_devices = [] {
+  if constexpr (requires { S::runs_on; }) return rules::device_types(S::runs_on);
+  else return rules::device_types::all();
 }();
 
 // Whether the strategy scales the loss itself under 16-mixed (ZeRO's

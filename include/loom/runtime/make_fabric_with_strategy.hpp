@@ -29,8 +29,7 @@ AnyFabric make_fabric(fabric_config config, S strategy) {
                               "'; leave config.strategy as \"auto\" or name the same strategy");
   }
   runtime::strategy_name facts{std::string(S::name), true, "", "the strategy object given to make_fabric",
-                               is_distributed<S>, strategy_runs_on_cpu<S>, strategy_runs_on_cuda<S>,
-                               is_sharded<S>,          scales_own_loss<S>};
+                               is_distributed<S>, strategy_devices<S>, is_sharded<S>, scales_own_loss<S>};
   runtime::resolution resolved = runtime::resolve(config, std::move(facts));
   std::unique_ptr<runtime::fabric_interface> made;
   namespace hana = boost::hana;

@@ -4,6 +4,7 @@
 // anything.
 #pragma once
 
+#include <loom/concepts/compatibility_rules.hpp>
 #include <loom/policy_names.hpp>
 
 #include <optional>
@@ -26,10 +27,9 @@ struct strategy_name {
   std::string reason;
   std::string description;
   // What the compatibility rules read (concepts/compatibility_rules.hpp):
-  // the strategy type's is_distributed, runs_on_cpu, runs_on_cuda and is_sharded.
+  // the strategy type's is_distributed, devices and is_sharded.
   bool multi_process = true;
-  bool runs_on_cpu = true;
-  bool runs_on_cuda = true;
+  rules::device_types devices = rules::device_types::all();
   bool sharded = false;
   bool scales_own_loss = false;  // deepspeed: its own loss scaler under 16-mixed
 };

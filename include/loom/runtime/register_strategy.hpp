@@ -86,8 +86,7 @@ std::vector<std::vector<registry_entry>> entries(const preset<S>&... presets) {
       entry.accelerator_type = type_name<A>;
       entry.precision_type = type_name<P>;
       entry.multi_process = is_distributed<strategy_t>;
-      entry.runs_on_cpu = strategy_runs_on_cpu<strategy_t>;
-      entry.runs_on_cuda = strategy_runs_on_cuda<strategy_t>;
+      entry.devices = strategy_devices<strategy_t>;
       entry.sharded = is_sharded<strategy_t>;
       entry.scales_own_loss = scales_own_loss<strategy_t>;
       entry.make = [make = preset.make, name = std::string(preset.name)](fabric_options options,

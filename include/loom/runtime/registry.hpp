@@ -35,8 +35,7 @@ struct registry_entry {
   std::string strategy_type, accelerator_type, precision_type;  // C++ types, for docs
   // The strategy type's facts for the compatibility rules.
   bool multi_process = true;
-  bool runs_on_cpu = true;
-  bool runs_on_cuda = true;
+  rules::device_types devices = rules::device_types::all();
   bool sharded = false;
   bool scales_own_loss = false;
   fabric_factory make;

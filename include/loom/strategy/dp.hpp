@@ -24,7 +24,7 @@ namespace loom {
 
 struct dp : strategy_base {
   static constexpr std::string_view name = "dp";
-  static constexpr bool runs_on_cpu = false;
+  static constexpr rules::device_types runs_on = {rules::device_type::cuda};
   static constexpr bool supports_no_backward_sync = true;  // nothing to skip: one process
   // Forward takes its arguments (to scatter them): wrapped modules call
   // forward_replicas instead of forward.
