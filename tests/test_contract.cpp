@@ -222,6 +222,59 @@ TEST_CASE("ddp with a world of one trains without a launcher, as single_device d
   CHECK(ddp_fabric.strategy().gradient_collectives() == 0);
 }
 
+namespace {
+// An accelerator written here and nowhere else: the host under another name.
+// Its header is all an accelerator needs for the static Fabric (the
+// run-time registry would add its source's line).
+struct host_accelerator {
+  using loom_concept = loom::accelerator_tag;
+  static constexpr std::string_view name = "host";
+  static constexpr c10::DeviceType device_type = c10::DeviceType::CPU;
+  static constexpr bool supports_fp16_compute = false;
+  static bool is_available() { return true; }
+  static int device_count() { return 1; }
+  static loom::device_selection parse_devices(const loom::devices_spec& devices) {
+    return loom::cpu::parse_devices(devices);
+  }
+  static c10::Device device(const loom::device_selection& /*selection*/, int /*local_rank*/) {
+    return c10::Device(c10::DeviceType::CPU);
+  }
+};
+
+// Three SGD steps of the same model under Fabric F; its parameters after.
+template <class F>
+std::vector<at::Tensor> three_steps(F& fabric) {
+  torch::manual_seed(5);
+  loom_test::Mlp net(4, 8, 2);
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  auto [model, optimizer] = fabric.setup(net, sgd);
+  const at::Tensor input = at::randn({6, 4});
+  for (int step = 0; step < 3; ++step) {
+    optimizer.zero_grad();
+    fabric.backward(model(input).pow(2).sum());
+    optimizer.step();
+  }
+  return net->parameters();
+}
+}  // namespace
+
+TEST_CASE("an accelerator defined in a test alone: the compatibility rules read its device type, and it trains as cpu",
+          "[contract]") {
+  STATIC_REQUIRE(loom::Accelerator<host_accelerator>);
+  STATIC_REQUIRE(loom::accelerator_facts_of<host_accelerator>().device == loom::rules::device_type::cpu);
+  STATIC_REQUIRE(loom::compatible<host_accelerator, loom::ddp, loom::bf16_mixed>);
+  STATIC_REQUIRE(loom::compatible<host_accelerator, loom::fsdp, loom::fp32>);
+  STATIC_REQUIRE_FALSE(loom::compatible<host_accelerator, loom::dp, loom::fp32>);  // dp runs_on {cuda}
+  STATIC_REQUIRE_FALSE(loom::compatible<host_accelerator, loom::single_device, loom::fp16>);
+  loom::Fabric<host_accelerator, loom::ddp, loom::bf16_mixed> host;
+  loom::Fabric<loom::cpu, loom::ddp, loom::bf16_mixed> cpu;
+  CHECK(host.device() == cpu.device());
+  const auto on_host = three_steps(host);
+  const auto on_cpu = three_steps(cpu);
+  REQUIRE(on_host.size() == on_cpu.size());
+  for (std::size_t i = 0; i < on_host.size(); ++i) CHECK(torch::equal(on_host[i], on_cpu[i]));
+}
+
 TEST_CASE("all_gather adds no dimension on one process, as Lightning; all_gather_per_rank gives one tensor",
           "[contract]") {
   const at::Tensor value = at::arange(6, at::kFloat).reshape({2, 3});
@@ -340,7 +393,7 @@ TEST_CASE("the compatibility rules see the same facts from the types as from the
   // Fabric reads the facts from the policy types, the connector (and
   // loom-run) from the built-in names: the two must agree for every built-in.
   auto same_accelerator = [](loom::rules::accelerator_facts a, loom::rules::accelerator_facts b) {
-    return a.name == b.name && a.fp16_compute == b.fp16_compute;
+    return a.name == b.name && a.device == b.device && a.fp16_compute == b.fp16_compute;
   };
   auto same_precision = [](loom::rules::precision_facts a, loom::rules::precision_facts b) {
     return a.name == b.name && a.fp16 == b.fp16 && a.mixed == b.mixed;
