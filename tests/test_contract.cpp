@@ -275,6 +275,23 @@ TEST_CASE("an accelerator defined in a test alone: the compatibility rules read 
   for (std::size_t i = 0; i < on_host.size(); ++i) CHECK(torch::equal(on_host[i], on_cpu[i]));
 }
 
+TEST_CASE("a strategy's engine registry visits the live engines and drops the dead as new ones come", "[contract]") {
+  loom::detail::live_engines<int> engines;
+  auto first = std::make_shared<int>(1);
+  auto second = std::make_shared<int>(10);
+  engines.add(first);
+  engines.add(second);
+  second.reset();  // its module went away
+  int sum = 0;
+  engines.for_each([&](int& value) { sum += value; });
+  CHECK(sum == 1);
+  for (int epoch = 0; epoch < 5; ++epoch) engines.add(std::make_shared<int>(100));  // a module per epoch, each gone
+  CHECK(engines.entry_count() == 2);  // first, and the last one added
+  sum = 0;
+  engines.for_each([&](int& value) { sum += value; });
+  CHECK(sum == 1);
+}
+
 TEST_CASE("all_gather adds no dimension on one process, as Lightning; all_gather_per_rank gives one tensor",
           "[contract]") {
   const at::Tensor value = at::arange(6, at::kFloat).reshape({2, 3});

@@ -3,6 +3,7 @@
 #include <loom/errors.hpp>
 #include <loom/strategy/fsdp_engine.hpp>
 #include <loom/strategy/full_state.hpp>
+#include <loom/strategy/live_engines.hpp>
 #include <loom/tp/layers.hpp>
 #include <loom/tp/parallelize.hpp>
 
@@ -19,17 +20,6 @@
 
 namespace loom::detail {
 
-namespace {
-
-std::vector<std::shared_ptr<fsdp_engine>> live_engines(const std::vector<std::weak_ptr<fsdp_engine>>& engines) {
-  std::vector<std::shared_ptr<fsdp_engine>> live;
-  for (const auto& weak : engines) {
-    if (auto engine = weak.lock()) live.push_back(std::move(engine));
-  }
-  return live;
-}
-
-}  // namespace
 
 std::vector<placement> placements_of(const std::vector<std::weak_ptr<fsdp_engine>>& engines,
                                      const std::vector<const torch::nn::Module*>& modules) {
@@ -39,7 +29,7 @@ std::vector<placement> placements_of(const std::vector<std::weak_ptr<fsdp_engine
   auto add_root = [&](const torch::nn::Module* module) {
     if (std::find(roots.begin(), roots.end(), module) == roots.end()) roots.push_back(module);
   };
-  for (const auto& engine : live_engines(engines)) {
+  for (const auto& engine : lock_live(engines)) {
     for (auto& where : engine->placements()) {
       if (index.emplace(where.parameter.unsafeGetTensorImpl(), placed.size()).second) placed.push_back(std::move(where));
     }
@@ -130,7 +120,7 @@ void with_full_state(const std::vector<std::weak_ptr<fsdp_engine>>& engines,
                      const std::vector<torch::optim::Optimizer*>& optimizers, bool keeps,
                      const std::function<void()>& body) {
   at::NoGradGuard no_grad;
-  engines_in_scope scope(live_engines(engines));
+  engines_in_scope scope(lock_live(engines));
   std::vector<placement> placed;
   for (auto& where : placements_of(engines, modules)) {
     if (where.split() || where.engine_owned) placed.push_back(std::move(where));
@@ -207,7 +197,7 @@ named_parts parts_of(const std::vector<std::weak_ptr<fsdp_engine>>& engines, con
 state load_local_state(const std::vector<std::weak_ptr<fsdp_engine>>& engines, const state& target,
                        const std::string& path, bool strict, comm::process_group& group) {
   at::NoGradGuard no_grad;
-  engines_in_scope scope(live_engines(engines));
+  engines_in_scope scope(lock_live(engines));
   state rest = load_local_parts(path, target, parts_of(engines, target, /*loading=*/true).mine, strict, group);
   scope.changed = true;
   return rest;
@@ -217,7 +207,7 @@ void save_gathered_state(const std::vector<std::weak_ptr<fsdp_engine>>& engines,
                          const state_filter& filter, const checkpoint_metadata& metadata, const std::string& path,
                          int root, comm::process_group& group) {
   at::NoGradGuard no_grad;
-  engines_in_scope scope(live_engines(engines));
+  engines_in_scope scope(lock_live(engines));
   const named_parts parts = parts_of(engines, target, /*loading=*/false);
   save_gathered_checkpoint(
       path, target, filter, metadata, parts.mine,

@@ -6,6 +6,7 @@
 
 #include <loom/compat.hpp>
 #include <loom/strategy/ddp_engine.hpp>
+#include <loom/strategy/live_engines.hpp>
 #include <loom/strategy/no_sync_guard.hpp>
 #include <loom/strategy/parallel.hpp>
 
@@ -36,7 +37,7 @@ struct ddp : parallel {
     comm::process_group& world = this->group();
     if (move_to_device) module.to(this->device_);
     auto engine = std::make_shared<detail::ddp_engine>(module, world, options_);
-    engines_.push_back(engine);
+    engines_.add(engine);
     return engine;
   }
 
@@ -46,26 +47,20 @@ struct ddp : parallel {
   // no_backward_sync saves can be counted with it.
   std::uint64_t gradient_collectives() const {
     std::uint64_t total = 0;
-    for (const auto& weak : engines_) {
-      if (auto engine = weak.lock()) total += engine->collectives_issued();
-    }
+    engines_.for_each([&](detail::ddp_engine& engine) { total += engine.collectives_issued(); });
     return total;
   }
   // The same collectives as the watchdog's recorder saw them (what proves
   // that the Reducer's all-reduces go through it).
   std::uint64_t gradient_collectives_recorded() const {
     std::uint64_t total = 0;
-    for (const auto& weak : engines_) {
-      if (auto engine = weak.lock()) total += engine->collectives_recorded();
-    }
+    engines_.for_each([&](detail::ddp_engine& engine) { total += engine.collectives_recorded(); });
     return total;
   }
   // Gradient buckets over the strategy's live modules.
   std::size_t gradient_buckets() const {
     std::size_t total = 0;
-    for (const auto& weak : engines_) {
-      if (auto engine = weak.lock()) total += engine->bucket_count();
-    }
+    engines_.for_each([&](detail::ddp_engine& engine) { total += engine.bucket_count(); });
     return total;
   }
 
@@ -107,7 +102,7 @@ struct ddp : parallel {
  private:
   ddp_options options_;
   std::vector<at::Tensor> scratch_;  // outputs handed to the reducer, reused every step
-  std::vector<std::weak_ptr<detail::ddp_engine>> engines_;  // for the counters above
+  detail::live_engines<detail::ddp_engine> engines_;  // for the counters above
 };
 
 // Lightning's preset "ddp_find_unused_parameters_true".

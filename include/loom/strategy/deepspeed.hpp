@@ -314,7 +314,7 @@ struct deepspeed : fsdp {
     layout.bf16 = config_.bf16;
     state saved = checkpoint;
     std::map<const void*, std::string> names;  // parameter -> its name in the checkpoint's modules
-    layout.shards = detail::sharded_save_layout(checkpoint, engines_, "deepspeed", &names);
+    layout.shards = detail::sharded_save_layout(checkpoint, engines_.entries(), "deepspeed", &names);
     for (const auto& entry : checkpoint.entries()) {
       const torch::nn::Module* module = entry.io().module();
       if (module == nullptr) continue;
@@ -361,7 +361,7 @@ struct deepspeed : fsdp {
         for (auto& engine : live) engine->unpin_shards(/*changed=*/false);
       }
     } shards_in_memory;
-    for (const auto& weak : engines_) {
+    for (const auto& weak : engines_.entries()) {
       if (auto engine = weak.lock()) {
         engine->pin_shards();
         shards_in_memory.live.push_back(std::move(engine));

@@ -8,6 +8,7 @@
 #include <loom/strategy/fsdp_engine.hpp>
 #include <loom/strategy/fsdp_options.hpp>
 #include <loom/strategy/full_state.hpp>
+#include <loom/strategy/live_engines.hpp>
 #include <loom/strategy/no_sync_guard.hpp>
 #include <loom/strategy/parallel.hpp>
 #include <loom/strategy/unit.hpp>
@@ -48,7 +49,7 @@ struct fsdp : parallel {
     if (move_to_device) module.to(this->device_);
     auto engine =
         std::make_shared<detail::fsdp_engine>(module, world, options_, runtime().local_world_size(), precision_);
-    engines_.push_back(engine);
+    engines_.add(engine);
     return engine;
   }
 
@@ -92,17 +93,15 @@ struct fsdp : parallel {
   // Collectives the engines of this strategy's live modules have issued.
   detail::fsdp_counters gradient_collectives() const {
     detail::fsdp_counters total;
-    for (const auto& weak : engines_) {
-      if (auto engine = weak.lock()) {
-        const auto& c = engine->counters();
-        total.all_gathers += c.all_gathers;
-        total.reduce_scatters += c.reduce_scatters;
-        total.all_reduces += c.all_reduces;
-        total.prefetches += c.prefetches;
-        total.offload_to_device += c.offload_to_device;
-        total.offload_to_host += c.offload_to_host;
-      }
-    }
+    engines_.for_each([&](const detail::fsdp_engine& engine) {
+      const auto& c = engine.counters();
+      total.all_gathers += c.all_gathers;
+      total.reduce_scatters += c.reduce_scatters;
+      total.all_reduces += c.all_reduces;
+      total.prefetches += c.prefetches;
+      total.offload_to_device += c.offload_to_device;
+      total.offload_to_host += c.offload_to_host;
+    });
     return total;
   }
 
@@ -115,7 +114,7 @@ struct fsdp : parallel {
   void save_checkpoint(const std::string& path, const state& checkpoint, const state_filter& filter,
                        const checkpoint_metadata& metadata) {
     if (options_.state_dict == state_dict_type::full) {
-      detail::save_gathered_state(engines_, checkpoint, filter, metadata, path, /*root=*/0, group());
+      detail::save_gathered_state(engines_.entries(), checkpoint, filter, metadata, path, /*root=*/0, group());
       barrier();
       return;
     }
@@ -123,13 +122,13 @@ struct fsdp : parallel {
       throw configuration_error("fsdp: a filter is refused for sharded saves (as Lightning, pytorch#105379); save "
                                 "with state_dict_type=full to filter");
     }
-    loom::save_sharded_checkpoint(path, checkpoint, metadata, detail::sharded_save_layout(checkpoint, engines_, name),
+    loom::save_sharded_checkpoint(path, checkpoint, metadata, detail::sharded_save_layout(checkpoint, engines_.entries(), name),
                                   group());
   }
   // Full or sharded, written by any number of ranks: each rank reads only
   // its parts, in place (load_local_parts), and all ranks load or none.
   state load_checkpoint(const std::string& path, const state& checkpoint, bool strict) {
-    return detail::load_local_state(engines_, checkpoint, path, strict, group());
+    return detail::load_local_state(engines_.entries(), checkpoint, path, strict, group());
   }
 
   const fsdp_options& options() const noexcept { return options_; }
@@ -141,13 +140,13 @@ struct fsdp : parallel {
   // optimizers' state) full-sized.
   template <class Body>
   void with_full_state(const state& checkpoint, int root, Body&& body) {
-    detail::with_full_state(engines_, checkpoint.modules(), checkpoint.optimizers(),
+    detail::with_full_state(engines_.entries(), checkpoint.modules(), checkpoint.optimizers(),
                             /*keeps=*/root < 0 || root == global_rank(), body);
   }
 
   fsdp_options options_;
   precision_dtypes precision_;
-  std::vector<std::weak_ptr<detail::fsdp_engine>> engines_;
+  detail::live_engines<detail::fsdp_engine> engines_;
 };
 
 // Lightning's preset "fsdp_cpu_offload" (cpu_offload=True, FULL_SHARD).

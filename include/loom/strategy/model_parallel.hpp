@@ -24,6 +24,7 @@
 #include <loom/strategy/fsdp_engine.hpp>
 #include <loom/strategy/fsdp_options.hpp>
 #include <loom/strategy/full_state.hpp>
+#include <loom/strategy/live_engines.hpp>
 #include <loom/strategy/no_sync_guard.hpp>
 #include <loom/strategy/parallel.hpp>
 #include <loom/strategy/unit_construction.hpp>
@@ -130,7 +131,7 @@ struct model_parallel : parallel {
     sharding.timeout = options_.timeout;
     auto engine = std::make_shared<detail::fsdp_engine>(module, mesh.group("data_parallel"), sharding,
                                                         runtime().local_world_size(), precision_);
-    engines_.push_back(engine);
+    engines_.add(engine);
     return engine;
   }
 
@@ -169,7 +170,7 @@ struct model_parallel : parallel {
   void save_checkpoint(const std::string& path, const state& checkpoint, const state_filter& filter,
                        const checkpoint_metadata& metadata) {
     if (!options_.save_distributed_checkpoint) {
-      detail::save_gathered_state(engines_, checkpoint, filter, metadata, path, /*root=*/0, group());
+      detail::save_gathered_state(engines_.entries(), checkpoint, filter, metadata, path, /*root=*/0, group());
       barrier();
       return;
     }
@@ -178,13 +179,13 @@ struct model_parallel : parallel {
                                 "ones); set save_distributed_checkpoint=false to filter a full save");
     }
     loom::save_sharded_checkpoint(path, checkpoint, metadata,
-                                  detail::sharded_save_layout(checkpoint, engines_, "model_parallel"), group());
+                                  detail::sharded_save_layout(checkpoint, engines_.entries(), "model_parallel"), group());
   }
   // Full or distributed, written on any mesh (or by single_device, ddp,
   // fsdp): each rank reads only its chunks and slices, in place
   // (load_local_parts), and all ranks load or none.
   state load_checkpoint(const std::string& path, const state& checkpoint, bool strict) {
-    return detail::load_local_state(engines_, checkpoint, path, strict, group());
+    return detail::load_local_state(engines_.entries(), checkpoint, path, strict, group());
   }
   // What the next fabric.save writes.
   void set_save_distributed_checkpoint(bool distributed) noexcept { options_.save_distributed_checkpoint = distributed; }
@@ -193,7 +194,7 @@ struct model_parallel : parallel {
 
  private:
   model_parallel_options options_;
-  std::vector<std::weak_ptr<detail::fsdp_engine>> engines_;
+  detail::live_engines<detail::fsdp_engine> engines_;
   int num_nodes_ = 1;
   precision_dtypes precision_;
   std::shared_ptr<comm::device_mesh> mesh_;
