@@ -10,6 +10,8 @@
 #include <loom/data/idx.hpp>
 #include <loom/environment.hpp>
 #include <loom/errors.hpp>
+#include <loom/precision/mixed.hpp>
+#include <loom/precision/true_precision.hpp>
 #include <loom/strategy/zero_config.hpp>
 
 #include <torch/nn/modules/linear.h>
