@@ -8,11 +8,14 @@ declares it fails here, wherever else that include happens to come from in a
 real program. (tests/check_headers_planted.sh proves it catches each kind.)
 
 Most of the time goes to parsing LibTorch's headers, header by header. So a
-header whose own includes (followed through loom's headers) already reach every
-LibTorch header of a prelude below compiles over that prelude, precompiled once:
-it sees the same declarations it sees alone, only parsed earlier. A header that
-does not reach all of a prelude's headers gets a smaller prelude or none, so a
-missing include is still an error (the planted `uses_optimizer.hpp` holds
+header that reaches every LibTorch header of a prelude below anyway compiles
+over that prelude, precompiled once: it sees the same declarations it sees
+alone, only parsed earlier. What a header reaches is exact: its includes
+followed through loom's headers, and each LibTorch header it names followed by
+the compiler's own dependency list (-M, with the same flags), so a LibTorch
+header that pulls in ATen/ATen.h counts as reaching it. A header that does not
+reach all of a prelude's headers gets a smaller prelude or none, so a missing
+include is still an error (the planted `uses_optimizer.hpp` holds
 <ATen/core/Tensor.h> and uses torch::optim::Optimizer: it gets the Tensor
 prelude only, and fails). A prelude holds LibTorch's headers only, never a
 standard or loom one.
@@ -27,11 +30,16 @@ import tempfile
 import time
 
 # Largest first: each header gets the first whose every header it reaches.
+# Chosen from what loom's headers reach (most reach ATen/ATen.h through
+# LibTorch's own includes); only the preludes some header gets are built.
+TENSOR, IVALUE, ATEN = "ATen/core/Tensor.h", "ATen/core/ivalue.h", "ATen/ATen.h"
+MODULE, OPTIMIZER, AUTOCAST = "torch/nn/module.h", "torch/optim/optimizer.h", "ATen/autocast_mode.h"
 PRELUDES = [
-    ["ATen/core/Tensor.h", "ATen/core/ivalue.h", "torch/nn/module.h", "torch/optim/optimizer.h"],
-    ["ATen/core/Tensor.h", "torch/nn/module.h"],
-    ["ATen/core/Tensor.h", "ATen/core/ivalue.h"],
-    ["ATen/core/Tensor.h"],
+    [TENSOR, IVALUE, ATEN, MODULE, OPTIMIZER, AUTOCAST],
+    [TENSOR, IVALUE, ATEN, MODULE],
+    [TENSOR, IVALUE, ATEN],
+    [TENSOR, IVALUE],
+    [TENSOR],
 ]
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 
@@ -50,9 +58,30 @@ def includes_reached(include_dir, header, memo):
     return reached
 
 
-def prelude_for(reached):
+def dependencies(compiler, name):
+    """The files the compiler reads for `#include <NAME>` (-M): NAME's closure."""
+    done = subprocess.run(compiler + ["-M", "-x", "c++", "-"], input=f"#include <{name}>\n",
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode != 0:
+        return None
+    return [os.path.realpath(f) for f in done.stdout.replace("\\\n", " ").split()[2:]]
+
+
+def torch_closures(compiler, include_dir, reached, pool):
+    """For each header name outside loom's tree that some header names: the
+    files it reads. The first file of a prelude header's list is its own path."""
+    names = sorted({name for names in reached.values() for name in names
+                    if not os.path.isfile(os.path.join(include_dir, name))} |
+                   {name for prelude in PRELUDES for name in prelude})
+    return {name: files for name, files in zip(names, pool.map(lambda n: dependencies(compiler, n), names))
+            if files is not None}
+
+
+def prelude_for(names, closures, paths):
+    """The first prelude whose every header is among the files NAMES reach."""
+    files = set().union(*(closures[name] for name in names if name in closures))
     for index, prelude in enumerate(PRELUDES):
-        if all(name in reached for name in prelude):
+        if all(paths.get(name) in files for name in prelude):
             return index
     return None
 
@@ -73,9 +102,17 @@ def main():
     if not headers:
         sys.exit(f"check_headers: no header under {include_dir}/loom")
     memo = {}
-    chosen = {header: prelude_for(includes_reached(include_dir, header, memo)) for header in headers}
+    reached = {header: includes_reached(include_dir, header, memo) for header in headers}
     with tempfile.TemporaryDirectory() as work, \
             concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+        closures = torch_closures(compiler, include_dir, reached, pool)
+        own_path = {}
+        for name in {name for prelude in PRELUDES for name in prelude}:
+            if name not in closures:
+                print(f"check_headers: the prelude header <{name}> is not found with these flags")
+                return 1
+            own_path[name] = closures[name][0]
+        chosen = {header: prelude_for(reached[header], closures, own_path) for header in headers}
         used = sorted({index for index in chosen.values() if index is not None})
         paths = {}
         for index in used:
