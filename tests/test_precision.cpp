@@ -135,6 +135,28 @@ TEST_CASE("autocast_guard nests, restores and clears the cast cache", "[precisio
   CHECK_FALSE(autocast_enabled(c10::DeviceType::CPU));
 }
 
+TEST_CASE("compat's autocast state is each device type's own; a type without autocast is refused by name",
+          "[precision]") {
+  using namespace loom::compat;
+  const auto cuda_dtype = autocast_dtype(c10::DeviceType::CUDA);
+  const auto xpu_dtype = autocast_dtype(c10::DeviceType::XPU);
+  const auto other = xpu_dtype == at::kBFloat16 ? at::kHalf : at::kBFloat16;
+  set_autocast_dtype(c10::DeviceType::XPU, other);
+  CHECK(autocast_dtype(c10::DeviceType::XPU) == other);
+  CHECK(autocast_dtype(c10::DeviceType::CUDA) == cuda_dtype);  // 1.13 used to set CUDA's for any non-CPU type
+  set_autocast_enabled(c10::DeviceType::XPU, true);
+  CHECK(autocast_enabled(c10::DeviceType::XPU));
+  CHECK_FALSE(autocast_enabled(c10::DeviceType::CUDA));
+  set_autocast_enabled(c10::DeviceType::XPU, false);
+  set_autocast_dtype(c10::DeviceType::XPU, xpu_dtype);
+#if !LOOM_TORCH_VERSION_AT_LEAST(2, 4)
+  CHECK_THROWS_AS(set_autocast_enabled(c10::DeviceType::HIP, true), loom::configuration_error);
+  CHECK_THROWS_WITH(autocast_dtype(c10::DeviceType::HIP),
+                    Catch::Contains("device type HIP") && Catch::Contains("CPU, CUDA and XPU only"));
+  CHECK_FALSE(autocast_enabled(c10::DeviceType::CUDA));
+#endif
+}
+
 TEST_CASE("ZeRO's loss scaler follows DeepSpeed's DynamicLossScaler: hysteresis, window, floor, static",
           "[precision][scaler][zero]") {
   loom::zero_loss_scaler scaler({.enabled = true, .initial_scale_power = 4, .loss_scale_window = 3, .hysteresis = 2,

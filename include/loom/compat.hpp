@@ -2,6 +2,8 @@
 // version #ifs live. Everything else in loom calls these wrappers.
 #pragma once
 
+#include <loom/errors.hpp>
+
 #include <ATen/autocast_mode.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
@@ -10,6 +12,8 @@
 #include <torch/optim/optimizer.h>
 #include <c10/util/string_utils.h>
 #include <torch/version.h>
+
+#include <string>
 
 #define LOOM_TORCH_VERSION_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) ||               \
@@ -34,11 +38,36 @@
 namespace loom::compat {
 
 // torch 2.4 replaced the per-backend autocast setters with device-type ones.
+// Before it, each device that had autocast had its own pair (CPU, CUDA, XPU);
+// any other device had none, and is refused by name rather than handed the
+// CUDA state (which would switch CUDA's autocast from another device's guard).
+#if !LOOM_TORCH_VERSION_AT_LEAST(2, 4)
+namespace detail {
+enum class autocast_backend { cpu, cuda, xpu };
+inline autocast_backend autocast_backend_of(c10::DeviceType device) {
+  switch (device) {
+    case c10::DeviceType::CPU: return autocast_backend::cpu;
+    case c10::DeviceType::CUDA: return autocast_backend::cuda;
+    case c10::DeviceType::XPU: return autocast_backend::xpu;
+    default:
+      throw configuration_error("autocast on device type " + c10::DeviceTypeName(device) +
+                                ": LibTorch " TORCH_VERSION " has autocast for CPU, CUDA and XPU only "
+                                "(LibTorch 2.4 and later: every device type with autocast kernels)");
+  }
+}
+}  // namespace detail
+#endif
+
 inline bool autocast_enabled(c10::DeviceType device) {
 #if LOOM_TORCH_VERSION_AT_LEAST(2, 4)
   return at::autocast::is_autocast_enabled(device);
 #else
-  return device == c10::DeviceType::CPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
+  switch (detail::autocast_backend_of(device)) {
+    case detail::autocast_backend::cpu: return at::autocast::is_cpu_enabled();
+    case detail::autocast_backend::cuda: return at::autocast::is_enabled();
+    case detail::autocast_backend::xpu: return at::autocast::is_xpu_enabled();
+  }
+  return false;
 #endif
 }
 
@@ -46,10 +75,10 @@ inline void set_autocast_enabled(c10::DeviceType device, bool enabled) {
 #if LOOM_TORCH_VERSION_AT_LEAST(2, 4)
   at::autocast::set_autocast_enabled(device, enabled);
 #else
-  if (device == c10::DeviceType::CPU) {
-    at::autocast::set_cpu_enabled(enabled);
-  } else {
-    at::autocast::set_enabled(enabled);
+  switch (detail::autocast_backend_of(device)) {
+    case detail::autocast_backend::cpu: at::autocast::set_cpu_enabled(enabled); break;
+    case detail::autocast_backend::cuda: at::autocast::set_enabled(enabled); break;
+    case detail::autocast_backend::xpu: at::autocast::set_xpu_enabled(enabled); break;
   }
 #endif
 }
@@ -58,8 +87,12 @@ inline c10::ScalarType autocast_dtype(c10::DeviceType device) {
 #if LOOM_TORCH_VERSION_AT_LEAST(2, 4)
   return at::autocast::get_autocast_dtype(device);
 #else
-  return device == c10::DeviceType::CPU ? at::autocast::get_autocast_cpu_dtype()
-                                        : at::autocast::get_autocast_gpu_dtype();
+  switch (detail::autocast_backend_of(device)) {
+    case detail::autocast_backend::cpu: return at::autocast::get_autocast_cpu_dtype();
+    case detail::autocast_backend::cuda: return at::autocast::get_autocast_gpu_dtype();
+    case detail::autocast_backend::xpu: return at::autocast::get_autocast_xpu_dtype();
+  }
+  return c10::ScalarType::Undefined;
 #endif
 }
 
@@ -67,10 +100,10 @@ inline void set_autocast_dtype(c10::DeviceType device, c10::ScalarType dtype) {
 #if LOOM_TORCH_VERSION_AT_LEAST(2, 4)
   at::autocast::set_autocast_dtype(device, dtype);
 #else
-  if (device == c10::DeviceType::CPU) {
-    at::autocast::set_autocast_cpu_dtype(dtype);
-  } else {
-    at::autocast::set_autocast_gpu_dtype(dtype);
+  switch (detail::autocast_backend_of(device)) {
+    case detail::autocast_backend::cpu: at::autocast::set_autocast_cpu_dtype(dtype); break;
+    case detail::autocast_backend::cuda: at::autocast::set_autocast_gpu_dtype(dtype); break;
+    case detail::autocast_backend::xpu: at::autocast::set_autocast_xpu_dtype(dtype); break;
   }
 #endif
 }
