@@ -19,20 +19,11 @@
 #include <loom/util/autocast_guard.hpp>
 
 #include <ATen/core/grad_mode.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
 
-#include <cmath>
 #include <cstdint>
-#include <filesystem>
-#include <functional>
-#include <iostream>
-#include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <span>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -77,115 +68,19 @@ struct deepspeed : fsdp {
 
   // The configuration is resolved once the world size is known (the batch
   // sizes are checked against it); its notices are printed by rank 0.
-  void setup_environment(const strategy_environment& environment) {
-    fsdp::setup_environment(environment);
-    config_ = resolve_zero_config(arguments_, precision_, world_size());
-    if (config_.fp16.enabled && !(precision_.mixed && precision_.half())) {
-      throw configuration_error("deepspeed: fp16 (DeepSpeed's dynamic loss scaling) takes precision 16-mixed, not " +
-                                std::string(precision_.name));
-    }
-    if (config_.offload_param.device == offload_device::nvme) {
-      // ZeRO-Infinity: loom keeps each rank's parameter partition in the same
-      // file as its optimizer state (one request per sub-group reads both).
-      if (config_.offload_optimizer.device != offload_device::nvme) {
-        throw configuration_error("deepspeed: offload_param.device = \"nvme\" needs offload_optimizer.device = "
-                                  "\"nvme\" too (loom streams each parameter partition with its optimizer state); "
-                                  "set both, as deepspeed_stage_3_offload_nvme does");
-      }
-      if (!config_.offload_param.nvme_path.empty() &&
-          config_.offload_param.nvme_path != config_.offload_optimizer.nvme_path) {
-        throw configuration_error("deepspeed: offload_param.nvme_path '" + config_.offload_param.nvme_path +
-                                  "' differs from offload_optimizer.nvme_path '" +
-                                  config_.offload_optimizer.nvme_path +
-                                  "'; loom keeps both in one file per rank: give them the same directory");
-      }
-    }
-    if (config_.offload_optimizer.device == offload_device::nvme) {
-      if (config_.fp16.enabled) {
-        throw configuration_error("deepspeed: NVMe optimizer offload under 16-mixed (fp32 masters on NVMe with "
-                                  "DeepSpeed's loss scaler) is not built yet; it runs under 32-true, bf16-mixed and "
-                                  "bf16-true");
-      }
-      // Before training starts: a missing or unwritable nvme_path is named now.
-      detail::nvme_stream::check_directory(config_.offload_optimizer.nvme_path);
-    }
-    if (global_rank() == 0) {
-      for (const auto& notice : config_.notices) std::cerr << "loom deepspeed: notice: " << notice << '\n';
-    }
-    options_ = engine_options(config_);
-  }
+  void setup_environment(const strategy_environment& environment);
 
   // fabric.init_module(true): stage 3 shards each loom::unit<M> as it is
   // built. In DeepSpeed's 16-bit mode (bf16, fp16) setup converts the module:
   // each shard is kept in that dtype from construction on (zero.Init builds
   // the 16-bit parameters too), rounded as the conversion would round it.
-  std::optional<detail::construction_sharding> construction_sharding() const {
-    auto sharding = fsdp::construction_sharding();
-    if (sharding && config_.bf16) sharding->dtype = at::kBFloat16;
-    if (sharding && config_.fp16.enabled) sharding->dtype = at::kHalf;
-    return sharding;
-  }
+  std::optional<detail::construction_sharding> construction_sharding() const;
 
   // The module with its one optimizer (Lightning's rule): the engine shards
   // the parameters, the optimizer then steps this rank's partition.
   module_state setup_module_and_optimizers(torch::nn::Module& module,
                                            std::span<torch::optim::Optimizer* const> optimizers,
-                                           bool move_to_device = true) {
-    if (optimizers.size() != 1) {
-      throw configuration_error("deepspeed: fabric.setup takes the module and exactly one optimizer (DeepSpeed "
-                                "steps one optimizer per model, as in Lightning); got " +
-                                std::to_string(optimizers.size()));
-    }
-    torch::optim::Optimizer& optimizer = *optimizers.front();
-    if (!optimizer.state().empty()) {
-      throw configuration_error("deepspeed: the optimizer has already stepped (it holds state for whole "
-                                "parameters); set it up before its first step");
-    }
-    if (!config_.zero_allow_untested_optimizer && !detail::fsdp_engine::knows_state_layout(optimizer)) {
-      throw configuration_error("deepspeed: zero_allow_untested_optimizer is false and this optimizer is not one "
-                                "loom has tested with ZeRO (SGD, Adam, AdamW, RMSprop, Adagrad)");
-    }
-    // DeepSpeed's bf16 mode (bf16-mixed and bf16-true alike): the module in
-    // bf16 and computed without autocast; each rank keeps an fp32 master of
-    // its partition, which the optimizer steps (its state is fp32 too).
-    // fp16 (16-mixed) the same in float16, under DeepSpeed's loss scaler.
-    const bool nvme = config_.offload_optimizer.device == offload_device::nvme;
-    if (!models_.empty() && (nvme || config_.fp16.enabled || config_.gradient_accumulation_steps > 1)) {
-      // backward(loss) cannot tell which model a loss belongs to, so it
-      // cannot pick a model's loss scale or accumulation boundary; and each
-      // rank's NVMe file holds one model's state.
-      throw configuration_error(
-          "deepspeed: a second model on one Fabric runs without fp16, gradient_accumulation_steps 1 and no NVMe "
-          "offload (each model keeps its own loss scale, accumulation boundary and NVMe file, which backward(loss) "
-          "cannot tell apart); this config has " +
-          std::string(config_.fp16.enabled ? "fp16" : nvme ? "NVMe offload" : "gradient_accumulation_steps = ") +
-          (config_.gradient_accumulation_steps > 1 && !config_.fp16.enabled && !nvme
-               ? std::to_string(config_.gradient_accumulation_steps)
-               : std::string()));
-    }
-    if (config_.bf16) to_floating(module, at::kBFloat16);
-    if (config_.fp16.enabled) to_floating(module, at::kHalf);
-    module_state engine = fsdp::setup_module(module, move_to_device);
-    auto model = std::make_unique<zero_model>();
-    model->module = &module;
-    model->optimizer = &optimizer;
-    model->engine = engine;
-    model->scaler = zero_loss_scaler(config_.fp16);
-    if (nvme) start_nvme(*model, *engine);
-    // (With the optimizer on NVMe the fp32 masters live in its file.)
-    if ((config_.bf16 || config_.fp16.enabled) && !model->nvme) {
-      at::NoGradGuard no_grad;
-      for (auto& group : optimizer.param_groups()) {
-        for (auto& parameter : group.params()) {
-          if (parameter.is_floating_point()) {
-            model->masters.push_back({parameter, parameter.detach().to(at::kFloat), {}, {}});
-          }
-        }
-      }
-    }
-    models_.push_back(std::move(model));
-    return engine;
-  }
+                                           bool move_to_device = true);
 
   // Under bf16 the module computes in bf16 without the precision's autocast
   // (what DeepSpeed does); otherwise as FSDP.
@@ -266,11 +161,7 @@ struct deepspeed : fsdp {
 
   // Acts right after the model's boundary step only (between micro-batches
   // its gradients are still accumulating).
-  void zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none) {
-    if (model_of(optimizer).micro_steps % config_.gradient_accumulation_steps == 0) {
-      fsdp::zero_grad(optimizer, set_to_none);
-    }
-  }
+  void zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none);
 
   // Lightning raises here; loom clips (the norm over every partition) unless
   // the config clips already.
@@ -284,95 +175,14 @@ struct deepspeed : fsdp {
     return fsdp::clip_gradients(engine, module, options);
   }
 
-  fsdp_no_sync_guard no_backward_sync(module_state& engine, bool enabled = true) {
-    if (enabled && (config_.offload_optimizer.device != offload_device::none ||
-                    config_.offload_param.device != offload_device::none)) {
-      throw configuration_error(std::string("no_backward_sync: strategy 'deepspeed' with offloading: ") +
-                                detail::offload_refusal_reason);
-    }
-    if (enabled && config_.gradient_accumulation_steps > 1) {
-      throw configuration_error("deepspeed: no_backward_sync with gradient_accumulation_steps = " +
-                                std::to_string(config_.gradient_accumulation_steps) +
-                                ": the config accumulates already (reductions run on its boundary micro-batches "
-                                "only); use one of the two");
-    }
-    return fsdp::no_backward_sync(engine, enabled);
-  }
+  fsdp_no_sync_guard no_backward_sync(module_state& engine, bool enabled = true);
 
   // ------------------------------------------------------------ checkpoints
   // DeepSpeed's layout (checkpoint/io.hpp): PATH/latest and PATH/checkpoint/
   // with each rank's optimizer partition, and the module whole (rank 0,
   // stages 0-2) or in each rank's slices (stage 3).
   void save_checkpoint(const std::string& path, const state& checkpoint, const state_filter& filter,
-                       const checkpoint_metadata& metadata) {
-    if (!filter.empty()) {
-      throw configuration_error("deepspeed: a filter is refused for ZeRO saves (each rank writes its partition); "
-                                "save, then filter the consolidated file (loom-run consolidate)");
-    }
-    deepspeed_layout layout;
-    layout.module_sharded = config_.stage == 3;
-    layout.bf16 = config_.bf16;
-    state saved = checkpoint;
-    std::map<const void*, std::string> names;  // parameter -> its name in the checkpoint's modules
-    layout.shards = detail::sharded_save_layout(checkpoint, engines_.entries(), "deepspeed", &names);
-    for (const auto& entry : checkpoint.entries()) {
-      const torch::nn::Module* module = entry.io().module();
-      if (module == nullptr) continue;
-      std::set<std::string> frozen;
-      for (const auto& item : module->named_parameters()) {
-        if (!item.value().requires_grad()) frozen.insert(item.key());
-      }
-      // DeepSpeed's exclude_frozen_parameters: the module states leave out
-      // parameters that do not require grad (load such a save with strict=false).
-      if (config_.exclude_frozen_parameters && !frozen.empty()) {
-        layout.filter[entry.name()] = [frozen](std::string_view key, const at::Tensor&) {
-          return frozen.count(std::string(key)) == 0;
-        };
-      }
-    }
-    // What DeepSpeed's engine saves beside the user's state: the fp32 master
-    // partitions (bf16/fp16: the weights themselves at full precision, in the
-    // optim-states files as DeepSpeed keeps them), the loss scaler and the
-    // micro-step count (the accumulation boundary).
-    if (any_masters() || (nvme_owner() != nullptr && config_.bf16)) {
-      c10::impl::GenericDict masters(c10::StringType::get(), c10::TensorType::get());
-      for (const auto& [parameter, master] : master_partitions()) {
-        auto name = names.find(parameter.unsafeGetTensorImpl());
-        if (name != names.end()) masters.insert(name->second, master);
-      }
-      saved.set(std::string(masters_key), c10::IValue(masters));
-      layout.partition_entries.insert(std::string(masters_key));
-    }
-    // (fp16 and accumulation take one model: setup refuses a second.)
-    if (config_.fp16.enabled && !models_.empty()) {
-      saved.set(std::string(scaler_key), models_.front()->scaler.state_dict());
-    }
-    if (config_.gradient_accumulation_steps > 1 && !models_.empty()) {
-      saved.set(std::string(micro_steps_key), c10::IValue(models_.front()->micro_steps));
-    }
-    // NVMe: the optimizer's state is read back from the file into the
-    // optimizer for the save, and dropped after it.
-    std::optional<nvme_state_in_optimizer> in_memory;
-    if (nvme_owner() != nullptr) in_memory.emplace(*nvme_owner());
-    // offload_param: stage 3 writes each rank's slices straight from the shards.
-    struct pinned {
-      std::vector<std::shared_ptr<detail::fsdp_engine>> live;
-      ~pinned() {
-        for (auto& engine : live) engine->unpin_shards(/*changed=*/false);
-      }
-    } shards_in_memory;
-    for (const auto& weak : engines_.entries()) {
-      if (auto engine = weak.lock()) {
-        engine->pin_shards();
-        shards_in_memory.live.push_back(std::move(engine));
-      }
-    }
-    const state no_optimizers;
-    loom::save_deepspeed_checkpoint(path, saved, metadata, layout, group(),
-                                    [&](const std::function<void()>& body) {
-                                      with_full_state(no_optimizers, /*root=*/0, body);
-                                    });
-  }
+                       const checkpoint_metadata& metadata);
 
   // A ZeRO checkpoint of any stage and world size (or an fsdp sharded one,
   // or a full file); with load_full_weights, one full file's module weights
@@ -382,85 +192,7 @@ struct deepspeed : fsdp {
   // them, such as a 32-true save or a full file, rebuilds them from the
   // loaded weights); the loss scaler and micro-step count are restored. With
   // the optimizer state on NVMe, the loaded state is written to the file.
-  state load_checkpoint(const std::string& path, const state& checkpoint, bool strict) {
-    zero_model* const nvme_model = nvme_owner();
-    if (nvme_model != nullptr && !nvme_model->optimizer->state().empty()) {
-      throw std::logic_error("deepspeed: the NVMe-offloaded optimizer holds state in memory");
-    }
-    std::optional<optimizer_state_dtype> fp32_state;
-    if (config_.bf16 || config_.fp16.enabled) fp32_state.emplace(at::kFloat);  // the state of fp32 masters
-    state rest = load_state(path, checkpoint, strict);
-    fp32_state.reset();
-    at::NoGradGuard no_grad;
-    std::map<std::string, at::Tensor> saved_masters;
-    if (rest.contains(masters_key)) {
-      for (const auto& item : rest.get<c10::IValue>(masters_key).toGenericDict()) {
-        saved_masters.emplace(item.key().toStringRef(), item.value().toTensor());
-      }
-    }
-    std::map<const void*, std::string> names;
-    for (const auto& entry : checkpoint.entries()) {
-      if (const torch::nn::Module* module = entry.io().module()) {
-        for (const auto& item : module->named_parameters()) names.emplace(item.value().unsafeGetTensorImpl(), item.key());
-      }
-    }
-    // With the masters on NVMe: read (the loaded weights, as the engine
-    // stored them), overwritten from the save, written back below.
-    std::vector<master_slot> on_file;
-    std::vector<at::Tensor> file_segments;
-    if (nvme_model != nullptr && config_.bf16) {
-      for (std::size_t s = 0; s < nvme_model->nvme_segments.size(); ++s) {
-        at::Tensor segment = at::empty({nvme_model->nvme_segments[s].numel()}, at::kFloat);
-        if (config_.offload_param.device == offload_device::nvme) nvme_model->nvme->load_shard(s, segment);
-        else segment.copy_(nvme_model->nvme_segments[s]);
-        file_segments.push_back(segment);
-      }
-      for (auto& parameter : nvme_model->optimizer->param_groups().front().params()) {
-        const auto [s, offset] = nvme_place(*nvme_model, parameter);
-        on_file.push_back({parameter, file_segments[s].narrow(0, offset, parameter.numel()), {}, {}});
-      }
-    }
-    std::vector<master_slot*> slots;
-    if (nvme_model != nullptr) {
-      for (auto& m : on_file) slots.push_back(&m);
-    } else {
-      for (auto& model : models_) {
-        for (auto& m : model->masters) slots.push_back(&m);
-      }
-    }
-    for (master_slot* slot : slots) {
-      master_slot& m = *slot;
-      if (m.master.numel() == 0) continue;  // no slice of this parameter on this rank
-      // The load read this rank's part of the saved master (keyed by parameter name).
-      at::Tensor part;
-      if (auto name = names.find(m.param.unsafeGetTensorImpl()); name != names.end()) {
-        if (auto found = saved_masters.find(name->second); found != saved_masters.end()) part = found->second;
-      }
-      if (!part.defined()) {
-        if (nvme_model == nullptr) m.master.copy_(m.param.detach());  // (the file's segment holds the loaded weights already)
-        continue;
-      }
-      if (part.numel() != m.master.numel()) {
-        throw checkpoint_error("deepspeed: " + path + " holds an fp32 master of '" + names.at(m.param.unsafeGetTensorImpl()) +
-                               "' of which this rank's part has " + std::to_string(part.numel()) +
-                               " elements, which does not fit this model");
-      }
-      m.master.copy_(part.reshape(m.master.sizes()));
-    }
-    for (std::size_t s = 0; s < file_segments.size(); ++s) nvme_model->nvme->store_shard(s, file_segments[s]);
-    // (fp16 and accumulation take one model: setup refuses a second.)
-    if (!models_.empty()) {
-      zero_model& model = *models_.front();
-      if (config_.fp16.enabled && rest.contains(scaler_key)) model.scaler.load_state_dict(rest.get<c10::IValue>(scaler_key));
-      if (rest.contains(micro_steps_key)) model.micro_steps = rest.get<std::int64_t>(micro_steps_key);
-    }
-    for (std::string_view key : {masters_key, scaler_key, micro_steps_key}) rest.erase(key);
-    if (nvme_model != nullptr) {
-      nvme_model->nvme->write_state(nvme_state_from(*nvme_model));
-      nvme_model->optimizer->state().clear();
-    }
-    return rest;
-  }
+  state load_checkpoint(const std::string& path, const state& checkpoint, bool strict);
 
   const zero_config& config() const noexcept { return config_; }
   const deepspeed_options& arguments() const noexcept { return arguments_; }
@@ -485,88 +217,16 @@ struct deepspeed : fsdp {
     for (const auto& t : master_tensors()) total += static_cast<std::int64_t>(t.numel()) * 4;
     return total;
   }
-  std::vector<at::Tensor> master_tensors() const {
-    std::vector<at::Tensor> out;
-    for (const auto& model : models_) {
-      for (const auto& m : model->masters) out.push_back(m.master);
-    }
-    return out;
-  }
+  std::vector<at::Tensor> master_tensors() const;
   // Each floating parameter of the optimizers with its fp32 master partition
   // (from memory, or read from the NVMe file).
-  std::vector<std::pair<at::Tensor, at::Tensor>> master_partitions() const {
-    std::vector<std::pair<at::Tensor, at::Tensor>> out;
-    const zero_model* owner = nvme_owner();
-    if (owner == nullptr) {
-      for (const auto& model : models_) {
-        for (const auto& m : model->masters) out.emplace_back(m.param, m.master);
-      }
-      return out;
-    }
-    std::vector<at::Tensor> segments;
-    for (std::size_t s = 0; s < owner->nvme_segments.size(); ++s) {
-      segments.push_back(at::empty({owner->nvme_segments[s].numel()}, at::kFloat));
-      owner->nvme->load_shard(s, segments.back());
-    }
-    for (auto& parameter : owner->optimizer->param_groups().front().params()) {
-      if (!parameter.is_floating_point()) continue;
-      const auto [s, offset] = nvme_place(*owner, parameter);
-      out.emplace_back(parameter, segments[s].narrow(0, offset, parameter.numel()).clone());
-    }
-    return out;
-  }
+  std::vector<std::pair<at::Tensor, at::Tensor>> master_partitions() const;
 
  private:
   // The floating parameters and buffers in dtype (integer buffers kept).
-  static void to_floating(torch::nn::Module& module, c10::ScalarType dtype) {
-    at::NoGradGuard no_grad;
-    for (auto& parameter : module.parameters()) {
-      if (parameter.is_floating_point()) parameter.set_data(parameter.to(dtype));
-    }
-    for (auto& buffer : module.buffers()) {
-      if (buffer.is_floating_point()) buffer.set_data(buffer.to(dtype));
-    }
-  }
-  void start_nvme(zero_model& model, detail::fsdp_engine& engine) {
-    (void)hyper_of(*model.optimizer);  // Adam or AdamW, one group: refused otherwise
-    std::vector<at::Tensor> parameters, gradients;
-    for (auto& [parameter, gradient] : engine.partitions()) {
-      parameters.push_back(parameter);
-      gradients.push_back(gradient);
-    }
-    model.nvme_segments = parameters;
-    const auto& offload = config_.offload_optimizer;
-    model.nvme = std::make_unique<detail::nvme_stream>(
-        detail::nvme_stream_options{.directory = offload.nvme_path,
-                                    .rank = global_rank(),
-                                    .sub_group_size = config_.sub_group_size,
-                                    .buffer_count = static_cast<int>(offload.buffer_count),
-                                    .queue_depth = static_cast<int>(config_.aio.queue_depth),
-                                    .block_size = config_.aio.block_size,
-                                    .parameters = config_.offload_param.device == offload_device::nvme,
-                                    .masters = config_.bf16},
-        std::move(parameters), std::move(gradients));
-    if (config_.offload_param.device == offload_device::nvme) engine.set_shard_store(model.nvme.get());
-  }
-  static detail::adam_hyper hyper_of(torch::optim::Optimizer& optimizer) {
-    if (optimizer.param_groups().size() != 1) {
-      throw configuration_error("deepspeed: NVMe optimizer offload takes an optimizer with one parameter group; it "
-                                "has " + std::to_string(optimizer.param_groups().size()));
-    }
-    auto& options = optimizer.param_groups().front().options();
-    if (auto* adamw = dynamic_cast<torch::optim::AdamWOptions*>(&options)) {
-      if (adamw->amsgrad()) throw configuration_error("deepspeed: NVMe optimizer offload does not stream amsgrad");
-      return {adamw->lr(), std::get<0>(adamw->betas()), std::get<1>(adamw->betas()), adamw->eps(),
-              adamw->weight_decay(), /*decoupled=*/true};
-    }
-    if (auto* adam = dynamic_cast<torch::optim::AdamOptions*>(&options)) {
-      if (adam->amsgrad()) throw configuration_error("deepspeed: NVMe optimizer offload does not stream amsgrad");
-      return {adam->lr(), std::get<0>(adam->betas()), std::get<1>(adam->betas()), adam->eps(), adam->weight_decay(),
-              /*decoupled=*/false};
-    }
-    throw configuration_error("deepspeed: NVMe optimizer offload streams Adam's and AdamW's state (DeepSpeed's "
-                              "offloaded optimizers are Adam variants); pass torch::optim::Adam or AdamW");
-  }
+  static void to_floating(torch::nn::Module& module, c10::ScalarType dtype);
+  void start_nvme(zero_model& model, detail::fsdp_engine& engine);
+  static detail::adam_hyper hyper_of(torch::optim::Optimizer& optimizer);
   // The checkpoint's entries DeepSpeed's engine adds to the user's state.
   static constexpr std::string_view masters_key = "zero_fp32_masters";
   static constexpr std::string_view scaler_key = "zero_loss_scaler";
@@ -574,85 +234,20 @@ struct deepspeed : fsdp {
 
   // The segment (NVMe stream partition) holding a parameter's slice, and the
   // slice's offset in it.
-  static std::pair<std::size_t, std::int64_t> nvme_place(const zero_model& model, const at::Tensor& parameter) {
-    for (std::size_t s = 0; s < model.nvme_segments.size(); ++s) {
-      const at::Tensor& segment = model.nvme_segments[s];
-      if (parameter.storage().is_alias_of(segment.storage())) {
-        return {s, parameter.storage_offset() - segment.storage_offset()};
-      }
-    }
-    throw std::logic_error("deepspeed: a parameter outside every NVMe-offloaded partition");
-  }
+  static std::pair<std::size_t, std::int64_t> nvme_place(const zero_model& model, const at::Tensor& parameter);
   // The optimizer's (in-memory) Adam state gathered into the stream's layout.
-  static detail::adam_partition_state nvme_state_from(const zero_model& model) {
-    torch::optim::Optimizer& optimizer = *model.optimizer;
-    detail::adam_partition_state out;
-    for (const auto& segment : model.nvme_segments) {
-      out.exp_avg.push_back(at::zeros({segment.numel()}, at::kFloat));
-      out.exp_avg_sq.push_back(at::zeros({segment.numel()}, at::kFloat));
-    }
-    for (auto& parameter : optimizer.param_groups().front().params()) {
-      auto found = optimizer.state().find(compat::optimizer_state_key(parameter));
-      if (found == optimizer.state().end()) continue;
-      at::Tensor exp_avg, exp_avg_sq;
-      std::int64_t step = 0;
-      if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(found->second.get())) {
-        exp_avg = adam->exp_avg(), exp_avg_sq = adam->exp_avg_sq(), step = adam->step();
-      } else if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(found->second.get())) {
-        exp_avg = adamw->exp_avg(), exp_avg_sq = adamw->exp_avg_sq(), step = adamw->step();
-      } else {
-        continue;
-      }
-      const auto [s, offset] = nvme_place(model, parameter);
-      out.exp_avg[s].narrow(0, offset, parameter.numel()).copy_(exp_avg.reshape({-1}));
-      out.exp_avg_sq[s].narrow(0, offset, parameter.numel()).copy_(exp_avg_sq.reshape({-1}));
-      out.step = std::max(out.step, step);
-    }
-    if (out.step == 0) out.exp_avg.clear(), out.exp_avg_sq.clear();
-    return out;
-  }
+  static detail::adam_partition_state nvme_state_from(const zero_model& model);
   // For a save: the state file read back into the optimizer as Adam's (or
   // AdamW's) per-parameter state, and dropped again when the save is done.
   struct nvme_state_in_optimizer {
-    explicit nvme_state_in_optimizer(const zero_model& owner) : optimizer(*owner.optimizer) {
-      const detail::adam_partition_state state = owner.nvme->read_state();
-      if (state.step == 0) return;
-      const bool decoupled = hyper_of(optimizer).decoupled;
-      for (auto& parameter : optimizer.param_groups().front().params()) {
-        const auto [s, offset] = nvme_place(owner, parameter);
-        at::Tensor exp_avg = state.exp_avg[s].narrow(0, offset, parameter.numel()).view_as(parameter).clone();
-        at::Tensor exp_avg_sq = state.exp_avg_sq[s].narrow(0, offset, parameter.numel()).view_as(parameter).clone();
-        if (decoupled) {
-          auto made = std::make_unique<torch::optim::AdamWParamState>();
-          made->step(state.step).exp_avg(exp_avg).exp_avg_sq(exp_avg_sq);
-          optimizer.state()[compat::optimizer_state_key(parameter)] = std::move(made);
-        } else {
-          auto made = std::make_unique<torch::optim::AdamParamState>();
-          made->step(state.step).exp_avg(exp_avg).exp_avg_sq(exp_avg_sq);
-          optimizer.state()[compat::optimizer_state_key(parameter)] = std::move(made);
-        }
-      }
-    }
+    explicit nvme_state_in_optimizer(const zero_model& owner);
     nvme_state_in_optimizer(const nvme_state_in_optimizer&) = delete;
     nvme_state_in_optimizer& operator=(const nvme_state_in_optimizer&) = delete;
     ~nvme_state_in_optimizer() { optimizer.state().clear(); }
     torch::optim::Optimizer& optimizer;
   };
 
-  state load_state(const std::string& path, const state& checkpoint, bool strict) {
-    if (!config_.load_full_weights) return fsdp::load_checkpoint(path, checkpoint, strict);
-    if (std::filesystem::is_directory(path)) {
-      throw configuration_error("deepspeed: load_full_weights=True loads one full checkpoint file (a full save, or "
-                                "loom-run consolidate's output); " + path + " is a directory");
-    }
-    state modules;
-    for (const auto& entry : checkpoint.entries()) {
-      if (entry.io().module() != nullptr) modules.add(entry);
-    }
-    (void)fsdp::load_checkpoint(path, modules, strict);
-    return {};
-  }
-
+  state load_state(const std::string& path, const state& checkpoint, bool strict);
 
   // bf16: the optimizer steps the fp32 masters with the gradients in fp32
   // (reduced in fp32 already), clipped there; the result is cast back into
@@ -697,71 +292,21 @@ struct deepspeed : fsdp {
     restore();
   }
   // The norm over every rank's fp32 gradient partitions.
-  void clip_masters(zero_model& model, double max_norm) {
-    std::vector<at::Tensor> gradients;
-    for (auto& m : model.masters) gradients.push_back(m.param.grad());
-    detail::scale_gradients(gradients, clip_coefficient(gradients, max_norm));
-  }
+  void clip_masters(zero_model& model, double max_norm);
   // The config's gradient_clipping (DeepSpeed's: the 2-norm) over every
   // rank's gradient partitions; 1 when nothing is clipped.
-  double clip_coefficient(const std::vector<at::Tensor>& gradients, double max_norm) {
-    const bool partitioned = config_.stage > 0 && world_size() > 1;
-    detail::gradient_norm norm(2.0, partitioned ? group().device() : c10::Device(c10::DeviceType::CPU));
-    for (const auto& gradient : gradients) norm.add(gradient);
-    if (partitioned) norm.reduce_over(group());
-    return detail::clip_coefficient(norm.value(), clip_options{.max_norm = max_norm});
-  }
+  double clip_coefficient(const std::vector<at::Tensor>& gradients, double max_norm);
 
  protected:
   // Lightning's presets: the arguments they fix over the user's.
   static deepspeed_options preset(deepspeed_options options, int stage, bool offload_optimizer,
-                                  bool offload_parameters, bool nvme) {
-    options.stage = stage;
-    options.offload_optimizer = options.offload_optimizer || offload_optimizer;
-    options.offload_parameters = options.offload_parameters || offload_parameters;
-    if (nvme) {
-      options.remote_device = "nvme";
-      options.offload_params_device = "nvme";
-      options.offload_optimizer_device = "nvme";
-    }
-    return options;
-  }
+                                  bool offload_parameters, bool nvme);
 
  private:
   // The sharding engine's options for a stage.
-  fsdp_options engine_options(const zero_config& config) const {
-    fsdp_options engine = options_;
-    engine.strategy = config.stage == 3   ? sharding_strategy::full_shard
-                      : config.stage == 0 ? sharding_strategy::no_shard
-                                          : sharding_strategy::shard_grad_op;
-    engine.keep_full_gradients = config.stage == 1;
-    // Buckets are units: a module whose parameters not yet in a unit reach
-    // reduce_bucket_size becomes one (besides the model's loom::unit<M>).
-    engine.wrap_policy = auto_wrap_policy::size_based(config.reduce_bucket_size);
-    engine.forward_prefetch = engine.backward_prefetch = config.overlap_comm;
-    engine.cpu_offload = config.offload_optimizer.device == offload_device::cpu ||
-                         config.offload_param.device == offload_device::cpu;
-    if (!config.communication_data_type.empty()) {
-      const auto dtype = config.communication_data_type == "fp16"   ? at::kHalf
-                         : config.communication_data_type == "bf16" ? at::kBFloat16
-                                                                     : at::kFloat;
-      engine.mixed_precision = fsdp_mixed_precision{.reduce_dtype = dtype};
-    }
-    // bf16: Gloo cannot move bf16, and DeepSpeed reduces bf16 gradients in fp32.
-    if (config.bf16 && config.communication_data_type.empty()) {
-      engine.mixed_precision = fsdp_mixed_precision{.reduce_dtype = at::kFloat};
-    }
-    engine.state_dict = state_dict_type::sharded;
-    return engine;
-  }
+  fsdp_options engine_options(const zero_config& config) const;
   // The model an optimizer was set up with (one optimizer per model).
-  zero_model& model_of(const torch::optim::Optimizer& optimizer) const {
-    for (const auto& model : models_) {
-      if (model->optimizer == &optimizer) return *model;
-    }
-    throw configuration_error("deepspeed: this optimizer was not set up with a model (fabric.setup(module, "
-                              "optimizer)); step and zero_grad the optimizer fabric.setup returned");
-  }
+  zero_model& model_of(const torch::optim::Optimizer& optimizer) const;
   // The model with an NVMe stream (which takes one model per Fabric), or nullptr.
   zero_model* nvme_owner() const noexcept {
     return models_.size() == 1 && models_.front()->nvme ? models_.front().get() : nullptr;
