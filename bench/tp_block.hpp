@@ -5,6 +5,7 @@
 #pragma once
 
 #include <loom/loom.hpp>
+#include <loom/tp/parallelize.hpp>
 
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/modules/normalization.h>

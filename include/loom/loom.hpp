@@ -1,4 +1,7 @@
-// loom: Lightning Fabric for C++. The umbrella header: every public part.
+// loom: Lightning Fabric for C++. The umbrella header: every public part but
+// tensor parallelism's layers and plans (<loom/tp/parallelize.hpp>), which
+// bring LibTorch's Linear, Embedding, LayerNorm and Dropout modules that most
+// programs never parse (PyTorch keeps torch.distributed.tensor.parallel apart too).
 #pragma once
 
 #include <loom/accelerator/cpu.hpp>
@@ -51,9 +54,6 @@
 #include <loom/strategy/distributed_runtime.hpp>
 #include <loom/strategy/parallel.hpp>
 #include <loom/strategy/single_device.hpp>
-#include <loom/tp/layers.hpp>
-#include <loom/tp/parallelize.hpp>
-#include <loom/tp/style.hpp>
 #include <loom/util/apply_to_collection.hpp>
 #include <loom/util/seed.hpp>
 #include <loom/wrap/dataloader.hpp>

@@ -62,6 +62,7 @@
 #include "../bytes_read.hpp"
 #include "strategy_laws.hpp"
 
+#include <loom/tp/parallelize.hpp>
 #include <loom/util/counting_allocator.hpp>
 #include <loom/util/rss_peak.hpp>
 

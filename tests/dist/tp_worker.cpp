@@ -29,6 +29,7 @@
 #include "../../bench/tp_block.hpp"
 #include "strategy_laws.hpp"
 
+#include <loom/tp/parallelize.hpp>
 #include <loom/util/placeholder.hpp>
 
 #include <torch/nn/functional/activation.h>

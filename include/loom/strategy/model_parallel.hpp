@@ -3,7 +3,8 @@
 // mesh), called at setup, applies tensor parallelism (loom::tp's
 // parallelize_module over the mesh's "tensor_parallel" dimension). Samplers
 // use the data-parallel coordinate: the ranks of one tensor-parallel group
-// see the same batch.
+// see the same batch. (loom::tp is in <loom/tp/parallelize.hpp>, which the
+// parallelize_fn's TU includes; this header does not need it.)
 //
 // The data-parallel dimension is sharded by the FSDP engine (fsdp_engine.hpp)
 // on the mesh's data_parallel groups, FSDP2's role: each rank's
@@ -28,7 +29,6 @@
 #include <loom/strategy/no_sync_guard.hpp>
 #include <loom/strategy/parallel.hpp>
 #include <loom/strategy/unit_construction.hpp>
-#include <loom/tp/parallelize.hpp>
 
 #include <chrono>
 #include <cstdint>
