@@ -88,10 +88,20 @@ struct fsdp_engine::impl : std::enable_shared_from_this<fsdp_engine::impl> {
   std::size_t forward_cursor = 0;
   bool sync = true;
   step_phase phase = step_phase::idle;
-  std::vector<sharded_unit*> pending_reductions;     // issue order
+  // The one reduction left in flight behind the backward (none: nullptr).
+  sharded_unit* reduction_in_flight = nullptr;
 
   // ZeRO-1: the full gradient buffer stays; the shard is its own chunk.
   bool keeps_gradients() const noexcept { return comm.sharded() && options.keep_full_gradients; }
+  // Where a unit's reduction lands: apart (`reduced`, added to the shard when
+  // finished) where the shard already holds gradients from an unsynced
+  // backward, else straight into the shard.
+  bool reduces_apart(const sharded_unit& unit) const noexcept {
+    return comm.sharded() && unit.had_grad && !keeps_gradients();
+  }
+  at::Tensor& reduction_target(sharded_unit& unit) const noexcept {
+    return reduces_apart(unit) ? unit.reduced : unit.grad_shard;
+  }
   bool frees_after_forward(const sharded_unit& unit) const noexcept {
     return comm.sharded() && unit.marker != nullptr && options.strategy != sharding_strategy::shard_grad_op;
   }
@@ -287,21 +297,23 @@ struct fsdp_engine::impl : std::enable_shared_from_this<fsdp_engine::impl> {
     }
     // Sharded, a fresh reduction is added to the gradients there (ZeRO-1 set
     // them aside at the start of backward and reduces into its chunk).
-    const bool separate = comm.sharded() && unit.had_grad && !keeps_gradients();
-    if (separate) unit.reduced = at::empty_like(unit.grad_shard);
-    comm.issue_reduction(unit, separate ? unit.reduced : unit.grad_shard);
+    if (reduces_apart(unit)) unit.reduced = at::empty_like(unit.grad_shard);
+    comm.issue_reduction(unit, reduction_target(unit));
     release(unit);
-    // One reduction stays in flight behind this unit's backward; the older
-    // ones are finished now, so their full gradient buffers are freed.
-    for (sharded_unit* earlier : pending_reductions) finish_reduction(*earlier);
-    pending_reductions.clear();
-    pending_reductions.push_back(&unit);
+    // One reduction stays in flight behind this unit's backward; the one
+    // before is finished now, so its full gradient buffer is freed.
+    finish_reduction_in_flight();
+    reduction_in_flight = &unit;
+  }
+
+  void finish_reduction_in_flight() {
+    if (reduction_in_flight != nullptr) finish_reduction(*reduction_in_flight);
+    reduction_in_flight = nullptr;
   }
 
   void finish_reduction(sharded_unit& unit) {
     if (!unit.reduction_pending) return;
-    const bool separate = comm.sharded() && unit.had_grad && !keeps_gradients();
-    comm.finish_reduction(unit, separate ? unit.reduced : unit.grad_shard);
+    comm.finish_reduction(unit, reduction_target(unit));
     if (comm.sharded()) {
       if (unit.had_grad) unit.grad_shard.add_(unit.reduced);
       unit.reduced = at::Tensor();
@@ -319,8 +331,7 @@ struct fsdp_engine::impl : std::enable_shared_from_this<fsdp_engine::impl> {
     for (auto& unit : units) {
       if (unit->training == training_state::backward) post_backward(*unit);
     }
-    for (sharded_unit* unit : pending_reductions) finish_reduction(*unit);
-    pending_reductions.clear();
+    finish_reduction_in_flight();
     for (auto& unit : units) {
       finish_gather_and_release(*unit);
       if (unit->training == training_state::reduced) {
@@ -354,7 +365,7 @@ struct fsdp_engine::impl : std::enable_shared_from_this<fsdp_engine::impl> {
       unit->watched_outputs = 0;
       unit->grads_seen = 0;
     }
-    pending_reductions.clear();
+    reduction_in_flight = nullptr;
     comm.release_buffers();
     phase = step_phase::idle;
   }
