@@ -1,34 +1,21 @@
 // The clipping half of Fabric.clip_gradients (the precision unscales first).
+// Compiled in src/util/clip_gradients.cpp: a TU that includes this header
+// does not parse LibTorch's clip_grad.h.
 #pragma once
 
-#include <loom/errors.hpp>
 #include <loom/util/clip_options.hpp>
 
 #include <ATen/core/Tensor.h>
-// clip_grad.h uses torch::Tensor without including what declares it.
-#include <torch/types.h>
-#include <torch/nn/utils/clip_grad.h>
 
 #include <optional>
 #include <vector>
 
 namespace loom::detail {
 
-inline void check_clip_options(const clip_options& options) {
-  if (options.clip_val.has_value() == options.max_norm.has_value()) {
-    throw configuration_error(options.clip_val ? "clip_gradients: clip by value or by norm, not both"
-                                               : "clip_gradients: give clip_val or max_norm");
-  }
-}
+// Refuses options that clip by both value and norm, or by neither.
+void check_clip_options(const clip_options& options);
 
 // Clips by value, or by norm and returns the total norm.
-inline std::optional<double> clip_gradient_values(std::vector<at::Tensor> parameters, const clip_options& options) {
-  if (options.clip_val) {
-    torch::nn::utils::clip_grad_value_(parameters, *options.clip_val);
-    return std::nullopt;
-  }
-  return torch::nn::utils::clip_grad_norm_(parameters, *options.max_norm, options.norm_type,
-                                           options.error_if_nonfinite);
-}
+std::optional<double> clip_gradient_values(std::vector<at::Tensor> parameters, const clip_options& options);
 
 }  // namespace loom::detail
