@@ -140,7 +140,15 @@ TEST_CASE("compat's autocast state is each device type's own; a type without aut
   using namespace loom::compat;
   const auto cuda_dtype = autocast_dtype(c10::DeviceType::CUDA);
   const auto xpu_dtype = autocast_dtype(c10::DeviceType::XPU);
-  const auto other = xpu_dtype == at::kBFloat16 ? at::kHalf : at::kBFloat16;
+  // A dtype neither device has now (XPU's default is bf16, CUDA's fp16), so
+  // setting XPU's shows whether CUDA's moved with it.
+  c10::ScalarType other = at::kFloat;
+  for (const auto candidate : {at::kBFloat16, at::kHalf, at::kFloat}) {
+    if (candidate != cuda_dtype && candidate != xpu_dtype) {
+      other = candidate;
+      break;
+    }
+  }
   set_autocast_dtype(c10::DeviceType::XPU, other);
   CHECK(autocast_dtype(c10::DeviceType::XPU) == other);
   CHECK(autocast_dtype(c10::DeviceType::CUDA) == cuda_dtype);  // 1.13 used to set CUDA's for any non-CPU type

@@ -43,12 +43,23 @@ namespace loom::compat {
 // CUDA state (which would switch CUDA's autocast from another device's guard).
 #if !LOOM_TORCH_VERSION_AT_LEAST(2, 4)
 namespace detail {
-enum class autocast_backend { cpu, cuda, xpu };
-inline autocast_backend autocast_backend_of(c10::DeviceType device) {
+struct autocast_setters {
+  bool (*enabled)();
+  void (*set_enabled)(bool);
+  c10::ScalarType (*dtype)();
+  void (*set_dtype)(c10::ScalarType);
+};
+inline autocast_setters autocast_setters_of(c10::DeviceType device) {
   switch (device) {
-    case c10::DeviceType::CPU: return autocast_backend::cpu;
-    case c10::DeviceType::CUDA: return autocast_backend::cuda;
-    case c10::DeviceType::XPU: return autocast_backend::xpu;
+    case c10::DeviceType::CPU:
+      return {&at::autocast::is_cpu_enabled, &at::autocast::set_cpu_enabled, &at::autocast::get_autocast_cpu_dtype,
+              &at::autocast::set_autocast_cpu_dtype};
+    case c10::DeviceType::CUDA:
+      return {&at::autocast::is_enabled, &at::autocast::set_enabled, &at::autocast::get_autocast_gpu_dtype,
+              &at::autocast::set_autocast_gpu_dtype};
+    case c10::DeviceType::XPU:
+      return {&at::autocast::is_xpu_enabled, &at::autocast::set_xpu_enabled, &at::autocast::get_autocast_xpu_dtype,
+              &at::autocast::set_autocast_xpu_dtype};
     default:
       throw configuration_error("autocast on device type " + c10::DeviceTypeName(device) +
                                 ": LibTorch " TORCH_VERSION " has autocast for CPU, CUDA and XPU only "
@@ -62,12 +73,7 @@ inline bool autocast_enabled(c10::DeviceType device) {
 #if LOOM_TORCH_VERSION_AT_LEAST(2, 4)
   return at::autocast::is_autocast_enabled(device);
 #else
-  switch (detail::autocast_backend_of(device)) {
-    case detail::autocast_backend::cpu: return at::autocast::is_cpu_enabled();
-    case detail::autocast_backend::cuda: return at::autocast::is_enabled();
-    case detail::autocast_backend::xpu: return at::autocast::is_xpu_enabled();
-  }
-  return false;
+  return detail::autocast_setters_of(device).enabled();
 #endif
 }
 
@@ -75,11 +81,7 @@ inline void set_autocast_enabled(c10::DeviceType device, bool enabled) {
 #if LOOM_TORCH_VERSION_AT_LEAST(2, 4)
   at::autocast::set_autocast_enabled(device, enabled);
 #else
-  switch (detail::autocast_backend_of(device)) {
-    case detail::autocast_backend::cpu: at::autocast::set_cpu_enabled(enabled); break;
-    case detail::autocast_backend::cuda: at::autocast::set_enabled(enabled); break;
-    case detail::autocast_backend::xpu: at::autocast::set_xpu_enabled(enabled); break;
-  }
+  detail::autocast_setters_of(device).set_enabled(enabled);
 #endif
 }
 
@@ -87,12 +89,7 @@ inline c10::ScalarType autocast_dtype(c10::DeviceType device) {
 #if LOOM_TORCH_VERSION_AT_LEAST(2, 4)
   return at::autocast::get_autocast_dtype(device);
 #else
-  switch (detail::autocast_backend_of(device)) {
-    case detail::autocast_backend::cpu: return at::autocast::get_autocast_cpu_dtype();
-    case detail::autocast_backend::cuda: return at::autocast::get_autocast_gpu_dtype();
-    case detail::autocast_backend::xpu: return at::autocast::get_autocast_xpu_dtype();
-  }
-  return c10::ScalarType::Undefined;
+  return detail::autocast_setters_of(device).dtype();
 #endif
 }
 
@@ -100,11 +97,7 @@ inline void set_autocast_dtype(c10::DeviceType device, c10::ScalarType dtype) {
 #if LOOM_TORCH_VERSION_AT_LEAST(2, 4)
   at::autocast::set_autocast_dtype(device, dtype);
 #else
-  switch (detail::autocast_backend_of(device)) {
-    case detail::autocast_backend::cpu: at::autocast::set_autocast_cpu_dtype(dtype); break;
-    case detail::autocast_backend::cuda: at::autocast::set_autocast_gpu_dtype(dtype); break;
-    case detail::autocast_backend::xpu: at::autocast::set_autocast_xpu_dtype(dtype); break;
-  }
+  detail::autocast_setters_of(device).set_dtype(dtype);
 #endif
 }
 
