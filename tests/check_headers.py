@@ -64,6 +64,8 @@ def dependencies(compiler, name):
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
         return None
+    # "-: /usr/include/stdc-predef.h NAME ...": the target, the implicit
+    # predefines, then NAME itself and what it includes.
     return [os.path.realpath(f) for f in done.stdout.replace("\\\n", " ").split()[2:]]
 
 
