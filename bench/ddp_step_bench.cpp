@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
   // LOOM_BENCH_BACKEND=mpi: the MPI process group (bench/ddp_mpi_vs_gloo.sh).
   const bool mpi = loom::cluster::setting_text("LOOM_BENCH_BACKEND").value_or("") == "mpi";
   loom::Fabric<loom::cpu, loom::ddp, loom::fp32> fabric(
-      {}, loom::ddp(loom::ddp_options{.process_group_backend = mpi ? loom::comm::backend::mpi : loom::comm::backend::gloo}));
+      {}, loom::ddp(loom::ddp_options{.process = {.backend = mpi ? loom::comm::backend::mpi : loom::comm::backend::gloo}}));
   fabric.launch();
   const bool report = fabric.is_global_zero();
   at::manual_seed(0);

@@ -190,8 +190,8 @@ int main(int argc, char** argv) {
   int status = 0;
   {
     loom::Fabric<loom::cpu, loom::ddp, loom::fp32> fabric(
-        {}, loom::ddp(loom::ddp_options{.process_group_backend = loom::comm::backend::mpi,
-                                        .mpi_communicator = MPI_Comm_c2f(app)}));
+        {}, loom::ddp(loom::ddp_options{
+                .process = {.backend = loom::comm::backend::mpi, .mpi_communicator = MPI_Comm_c2f(app)}}));
     fabric.launch();
     if (rank == 0) {
       std::printf("insitu_heat: %d ranks; grid %dx%d in strips of rows, halo exchange over MPI; alpha=%.2f, "

@@ -316,8 +316,8 @@ TEST_CASE("make_fabric passes a strategy's options (JSON text or file) and refus
   const auto& options = fabric.target<ddp_fabric>()->strategy().options();
   CHECK(options.bucket_cap_mb == 50.0);
   CHECK(options.find_unused_parameters);
-  CHECK(options.timeout == std::chrono::seconds(90));
-  CHECK(options.launcher == loom::launcher_kind::subprocess);
+  CHECK(options.process.timeout == std::chrono::seconds(90));
+  CHECK(options.process.launcher == loom::launcher_kind::subprocess);
 
   // A preset's parameters come first, the user's options over them.
   auto preset = loom::make_fabric({.strategy = "ddp_find_unused_parameters_true",
@@ -341,10 +341,12 @@ TEST_CASE("make_fabric passes a strategy's options (JSON text or file) and refus
                                     "collective_timeout, process_group_backend, find_unused_parameters"));
   // The watchdog's collective_timeout, in seconds as timeout.
   auto watched = loom::make_fabric({.strategy = "ddp", .strategy_options = R"({"collective_timeout": 2.5})"});
-  CHECK(watched.target<ddp_fabric>()->strategy().options().collective_timeout == std::chrono::milliseconds(2500));
+  CHECK(watched.target<ddp_fabric>()->strategy().parallel_settings().collective_timeout ==
+        std::chrono::milliseconds(2500));
   // 0 turns the watchdog off (docs/configuration.md); it was refused as "expected a number > 0".
   auto unwatched = loom::make_fabric({.strategy = "ddp", .strategy_options = R"({"collective_timeout": 0})"});
-  CHECK(unwatched.target<ddp_fabric>()->strategy().options().collective_timeout == std::chrono::milliseconds(0));
+  CHECK(unwatched.target<ddp_fabric>()->strategy().parallel_settings().collective_timeout ==
+        std::chrono::milliseconds(0));
   CHECK_THROWS_WITH(loom::make_fabric({.strategy = "ddp", .strategy_options = R"({"collective_timeout": -1})"}),
                     Catch::Contains("option 'collective_timeout' = -1 is not accepted: expected a number of seconds "
                                     ">= 0 (0: the watchdog off)"));
@@ -373,6 +375,37 @@ TEST_CASE("make_fabric passes a strategy's options (JSON text or file) and refus
                     Catch::Contains("strategy options file /dev/zero: it is a character device, not a regular file"));
   CHECK_THROWS_WITH(loom::make_fabric({.strategy = "ddp", .strategy_options = "[1, 2]"}),
                     Catch::Contains("neither a JSON object"));
+}
+
+TEST_CASE("every distributed strategy takes the one process_options as `process`, and its processes run on them",
+          "[contract][runtime]") {
+  const loom::process_options process{.timeout = std::chrono::seconds(42),
+                                      .backend = loom::comm::backend::mpi,
+                                      .launcher = loom::launcher_kind::fork,
+                                      .mpi_communicator = 7,
+                                      .collective_timeout = std::chrono::seconds(9)};
+  CHECK(loom::parallel(process).parallel_settings() == process);
+  CHECK(loom::ddp(loom::ddp_options{.process = process}).parallel_settings() == process);
+  CHECK(loom::fsdp(loom::fsdp_options{.process = process}).parallel_settings() == process);
+  CHECK(loom::deepspeed(loom::deepspeed_options{.process = process}).parallel_settings() == process);
+  CHECK(loom::deepspeed_stage_3(loom::deepspeed_options{.process = process}).parallel_settings() == process);
+  CHECK(loom::model_parallel(loom::model_parallel_options{.process = process}).parallel_settings() == process);
+
+  // The registry reads them under Lightning's names, the same for each family.
+  const char* lightning = R"({"timeout": 42, "collective_timeout": 9, "process_group_backend": "mpi"})";
+  loom::process_options read = process;
+  read.launcher = loom::launcher_kind::subprocess;  // a preset's (ddp_fork), not an option
+  read.mpi_communicator.reset();                    // an MPI_Comm, C++ only
+  using fp32_fabric = loom::Fabric<loom::cpu, loom::fsdp, loom::fp32>;
+  CHECK(loom::make_fabric({.strategy = "fsdp", .strategy_options = lightning})
+            .target<fp32_fabric>()->strategy().parallel_settings() == read);
+  using zero_fabric = loom::Fabric<loom::cpu, loom::deepspeed, loom::fp32>;
+  CHECK(loom::make_fabric({.strategy = "deepspeed", .strategy_options = lightning})
+            .target<zero_fabric>()->strategy().parallel_settings() == read);
+  using ddp_fabric = loom::Fabric<loom::cpu, loom::ddp, loom::fp32>;
+  read.launcher = loom::launcher_kind::fork;
+  CHECK(loom::make_fabric({.strategy = "ddp_fork", .strategy_options = lightning})
+            .target<ddp_fabric>()->strategy().parallel_settings() == read);
 }
 
 TEST_CASE("auto_wrap_policy::types takes a module's holder as Lightning's {nn.Linear}, or its class", "[contract]") {

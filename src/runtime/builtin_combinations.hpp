@@ -5,9 +5,8 @@
 
 #include <loom/runtime/register_strategy.hpp>
 
-#include <loom/comm/capabilities.hpp>
+#include <loom/strategy/process_options.hpp>
 
-#include <chrono>
 #include <vector>
 
 namespace loom::runtime::builtin {
@@ -20,9 +19,10 @@ using runtime::preset;
 #include "builtin_families.def"
 #undef LOOM_BUILTIN_FAMILY
 
-// The options every parallel strategy reads (timeout and collective_timeout
-// in seconds, process_group_backend).
-void read_parallel_options(option_reader& reader, std::chrono::milliseconds& timeout, comm::backend& backend,
-                           std::chrono::milliseconds& collective_timeout);
+// The process options every distributed strategy reads, under Lightning's
+// names: timeout (seconds, as its timedelta), the watchdog's
+// collective_timeout (seconds, 0: off) and process_group_backend. The
+// launcher is the preset's (ddp vs ddp_fork), not an option.
+void read_process_options(option_reader& reader, process_options& options);
 
 }  // namespace loom::runtime::builtin

@@ -7,7 +7,7 @@ namespace loom::runtime::builtin {
 namespace {
 // ddp_options under Lightning's DDPStrategy argument names, over a preset's defaults.
 ddp make_ddp(option_reader& reader, ddp_options options) {
-  read_parallel_options(reader, options.timeout, options.process_group_backend, options.collective_timeout);
+  read_process_options(reader, options.process);
   reader.read("find_unused_parameters", options.find_unused_parameters);
   reader.read("broadcast_buffers", options.broadcast_buffers);
   reader.read("bucket_cap_mb", options.bucket_cap_mb, 0.0, 1e6);
@@ -23,7 +23,7 @@ std::vector<std::vector<registry_entry>> ddp_entries() {
   return entries(
       preset<ddp>{"ddp", "loom::ddp", [](option_reader& reader) { return make_ddp(reader, {}); }},
       preset<ddp>{"ddp_fork", "loom::ddp (launcher = fork)",
-                  [](option_reader& reader) { return make_ddp(reader, {.launcher = launcher_kind::fork}); }},
+                  [](option_reader& reader) { return make_ddp(reader, {.process = {.launcher = launcher_kind::fork}}); }},
       preset<ddp>{"ddp_find_unused_parameters_true", "loom::ddp (find_unused_parameters = true)",
                   [](option_reader& reader) { return make_ddp(reader, {.find_unused_parameters = true}); }},
       preset<ddp>{"ddp_find_unused_parameters_false", "loom::ddp (find_unused_parameters = false)",

@@ -12,7 +12,7 @@ namespace {
 deepspeed_options read_deepspeed(option_reader& reader) {
   deepspeed_options o;
   constexpr std::int64_t big = std::numeric_limits<std::int64_t>::max();
-  read_parallel_options(reader, o.timeout, o.process_group_backend, o.collective_timeout);
+  read_process_options(reader, o.process);
   reader.read("zero_optimization", o.zero_optimization);
   std::int64_t stage = o.stage;
   reader.read("stage", stage, 0, 3);

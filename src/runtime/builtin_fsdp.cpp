@@ -8,7 +8,7 @@ namespace {
 // fsdp_options under Lightning's FSDPStrategy argument names (and torch's
 // FSDP ones where Lightning passes them through), over a preset's defaults.
 fsdp_options read_fsdp(option_reader& reader, fsdp_options options) {
-  read_parallel_options(reader, options.timeout, options.process_group_backend, options.collective_timeout);
+  read_process_options(reader, options.process);
   std::string strategy(to_string(options.strategy));
   reader.read("sharding_strategy", strategy, {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"});
   for (auto s : {sharding_strategy::full_shard, sharding_strategy::shard_grad_op, sharding_strategy::no_shard,

@@ -4,15 +4,10 @@
 
 namespace loom::runtime::builtin {
 
-namespace {
-
-// The options every parallel strategy takes: timeout (seconds, as Lightning's
-// timedelta), the watchdog's collective_timeout (seconds, 0: off) and
-// process_group_backend.
-void read_common(option_reader& reader, std::chrono::milliseconds& timeout, comm::backend& backend,
-                 std::chrono::milliseconds& collective_timeout) {
-  reader.read_seconds("timeout", timeout);
-  reader.read_seconds("collective_timeout", collective_timeout, "the watchdog off");
+void read_process_options(option_reader& reader, process_options& options) {
+  reader.read_seconds("timeout", options.timeout);
+  reader.read_seconds("collective_timeout", options.collective_timeout, "the watchdog off");
+  comm::backend& backend = options.backend;
   std::string backend_name = backend == comm::backend::nccl ? "nccl" : backend == comm::backend::mpi ? "mpi" : "gloo";
   reader.read("process_group_backend", backend_name, {"gloo", "nccl", "mpi"});
   backend = backend_name == "nccl"  ? comm::backend::nccl
@@ -20,17 +15,13 @@ void read_common(option_reader& reader, std::chrono::milliseconds& timeout, comm
                                     : comm::backend::gloo;
 }
 
+namespace {
 parallel make_parallel(option_reader& reader, launcher_kind launcher) {
   parallel_options options{.launcher = launcher};
-  read_common(reader, options.timeout, options.backend, options.collective_timeout);
+  read_process_options(reader, options);
   return parallel(options);
 }
 }  // namespace
-
-void read_parallel_options(option_reader& reader, std::chrono::milliseconds& timeout, comm::backend& backend,
-                           std::chrono::milliseconds& collective_timeout) {
-  read_common(reader, timeout, backend, collective_timeout);
-}
 
 std::vector<std::vector<registry_entry>> parallel_entries() {
   return entries(

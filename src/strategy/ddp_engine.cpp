@@ -98,7 +98,7 @@ ddp_engine::ddp_engine(torch::nn::Module& module, comm::process_group& world, co
   // c10d's broadcast of the module's state and the Reducer's bucket
   // all-reduces go to Gloo as they are: a dtype it cannot move fails there
   // with "Invalid scalar type". Refused here, saying what works.
-  if (options.process_group_backend == comm::backend::gloo) {
+  if (options.process.backend == comm::backend::gloo) {
     std::vector<at::Tensor> state = self.parameters;
     state.insert(state.end(), self.buffers.begin(), self.buffers.end());
     for (const auto& tensor : state) {
@@ -135,7 +135,7 @@ ddp_engine::ddp_engine(torch::nn::Module& module, comm::process_group& world, co
       self.parameters, std::move(bucket_indices), std::move(bucket_limits), self.native, sparse,
       static_cast<int64_t>(bucket_cap), options.find_unused_parameters, options.gradient_as_bucket_view,
       std::move(names), static_cast<int64_t>(first_bucket));
-  if (self.group.size() == 2 && options.process_group_backend == comm::backend::gloo && options.pairwise_exchange) {
+  if (self.group.size() == 2 && options.process.backend == comm::backend::gloo && options.pairwise_exchange) {
     self.reducer->register_comm_hook(std::make_unique<pairwise_exchange_hook>(self.group.state(), &self.exchanges));
     self.uses_exchange = true;
   }

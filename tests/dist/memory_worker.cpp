@@ -450,7 +450,7 @@ int main(int argc, char** argv) {
       auto fabric = make_fabric(loom::fsdp(loom::fsdp_options{
           .strategy = whole_parameters ? loom::sharding_strategy::shard_grad_op : loom::sharding_strategy::full_shard,
           .state_dict = full_save ? loom::state_dict_type::full : loom::state_dict_type::sharded,
-          .collective_timeout = timeout}));
+          .process = {.collective_timeout = timeout}}));
       run_phases(fabric, tensors, capped);
     } else if (which == "mp") {
       // 2 x 2: the plan on tensor parallel 2, FULL_SHARD on data parallel 2
@@ -461,15 +461,15 @@ int main(int argc, char** argv) {
           .data_parallel_size = launcher.world_size() / 2,
           .tensor_parallel_size = 2,
           .save_distributed_checkpoint = !full_save,
-          .collective_timeout = timeout,
           .data_parallel = loom::fsdp_options{.strategy = whole_parameters ? loom::sharding_strategy::no_shard
-                                                                           : loom::sharding_strategy::full_shard}}));
+                                                                           : loom::sharding_strategy::full_shard},
+          .process = {.collective_timeout = timeout}}));
       run_phases(fabric, tensors, capped);
     } else if (whole_parameters) {
-      auto fabric = make_fabric(loom::deepspeed_stage_2(loom::deepspeed_options{.collective_timeout = timeout}));
+      auto fabric = make_fabric(loom::deepspeed_stage_2(loom::deepspeed_options{.process = {.collective_timeout = timeout}}));
       run_phases(fabric, tensors, capped);
     } else {
-      auto fabric = make_fabric(loom::deepspeed_stage_3(loom::deepspeed_options{.collective_timeout = timeout}));
+      auto fabric = make_fabric(loom::deepspeed_stage_3(loom::deepspeed_options{.process = {.collective_timeout = timeout}}));
       run_phases(fabric, tensors, capped);
     }
     const bool everyone = launcher.reduce_boolean_decision(laws::failures == 0, /*all=*/true);

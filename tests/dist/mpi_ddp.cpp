@@ -46,8 +46,8 @@ int main(int argc, char** argv) {
       int status = 0;
       {
         loom::Fabric<loom::cpu, loom::ddp, loom::fp32> fabric(
-            {}, loom::ddp(loom::ddp_options{.process_group_backend = loom::comm::backend::mpi,
-                                            .mpi_communicator = MPI_Comm_c2f(half)}));
+            {}, loom::ddp(loom::ddp_options{
+                    .process = {.backend = loom::comm::backend::mpi, .mpi_communicator = MPI_Comm_c2f(half)}}));
         laws::rank_for_messages = world_rank;
         LAW_EXPECT(fabric.world_size() == world_size / 2 && fabric.global_rank() == world_rank / 2,
                    "the Fabric on a half has world size %d and rank %d", fabric.world_size(), fabric.global_rank());
@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
     if (which == "forever") {
       // Trains until killed (mpi.sh's kill -9 test).
       loom::Fabric<loom::cpu, loom::ddp, loom::fp32> fabric(
-          {}, loom::ddp(loom::ddp_options{.process_group_backend = loom::comm::backend::mpi}));
+          {}, loom::ddp(loom::ddp_options{.process = {.backend = loom::comm::backend::mpi}}));
       fabric.launch();
       auto net = laws::make_plain();
       torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-3));
@@ -72,11 +72,11 @@ int main(int argc, char** argv) {
     }
     if (which == "fsdp") {
       loom::Fabric<loom::cpu, loom::fsdp, loom::fp32> fabric(
-          {}, loom::fsdp(loom::fsdp_options{.process_group_backend = loom::comm::backend::mpi}));
+          {}, loom::fsdp(loom::fsdp_options{.process = {.backend = loom::comm::backend::mpi}}));
       return run(fabric, laws::make_net, "FSDP on the MPI group (its native reduce-scatter and all-gather)");
     }
     loom::Fabric<loom::cpu, loom::ddp, loom::fp32> fabric(
-        {}, loom::ddp(loom::ddp_options{.process_group_backend = loom::comm::backend::mpi}));
+        {}, loom::ddp(loom::ddp_options{.process = {.backend = loom::comm::backend::mpi}}));
     return run(fabric, laws::make_plain, "DDP on the MPI group (its Reducer's all-reduces)");
   } catch (const std::exception& error) {
     std::fprintf(stderr, "mpi_ddp rank %d: %s\n", laws::rank_for_messages, error.what());

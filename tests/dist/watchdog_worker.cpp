@@ -40,10 +40,10 @@ loom::comm::backend backend_from_env() {
 
 loom::ddp_options ddp_from_env(bool pairwise) {
   return loom::ddp_options{
-      .process_group_backend = backend_from_env(),
       .pairwise_exchange = pairwise,
-      .collective_timeout = std::chrono::milliseconds(
-          static_cast<std::int64_t>(seconds_from_env("LOOM_TEST_COLLECTIVE_S", 300) * 1000))};
+      .process = {.backend = backend_from_env(),
+                  .collective_timeout = std::chrono::milliseconds(
+                      static_cast<std::int64_t>(seconds_from_env("LOOM_TEST_COLLECTIVE_S", 300) * 1000))}};
 }
 
 // Every all-reduce of the Reducer (and the pairwise exchange that replaces

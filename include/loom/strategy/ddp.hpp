@@ -30,7 +30,7 @@ struct ddp : parallel {
 
   ddp() = default;
   explicit ddp(ddp_options options)
-      : parallel(process_options_of(options)),
+      : parallel(options.process),
         options_(options) {}
 
   module_state setup_module(torch::nn::Module& module, bool move_to_device = true) {

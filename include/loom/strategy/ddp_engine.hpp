@@ -6,13 +6,11 @@
 #pragma once
 
 #include <loom/comm/process_group.hpp>
-#include <loom/launch/launcher_kind.hpp>
+#include <loom/strategy/process_options.hpp>
 
 #include <ATen/core/Tensor.h>
 
-#include <chrono>
 #include <cstdint>
-#include <optional>
 #include <memory>
 #include <vector>
 
@@ -34,20 +32,13 @@ struct ddp_options {
   bool gradient_as_bucket_view = false;
   // The set of used parameters and the graph are the same every step.
   bool static_graph = false;
-  comm::backend process_group_backend = comm::backend::gloo;
   // Two ranks on Gloo: reduce each bucket by swapping it with the peer
   // (c10d send/recv, one round) instead of Gloo's ring all-reduce (two).
   bool pairwise_exchange = true;
-  std::chrono::milliseconds timeout = std::chrono::minutes(30);
-  // How launch() starts the local ranks (Lightning's "ddp_fork" is ddp with fork).
-  launcher_kind launcher = launcher_kind::subprocess;
-  // With process_group_backend mpi: the application's communicator, as
-  // MPI_Comm_c2f(comm) gives it (MPI_COMM_WORLD when empty). The Fabric's
-  // ranks are then the communicator's (a split trains on its own).
-  std::optional<std::int64_t> mpi_communicator;
-  // The watchdog's limit on waiting for a rank that has not entered a
-  // collective (comm::group_options::collective_timeout); 0: off.
-  std::chrono::milliseconds collective_timeout = std::chrono::seconds(300);
+  // The processes it runs on (timeout, backend, launcher, MPI communicator,
+  // watchdog), as every distributed strategy takes them
+  // (Lightning's "ddp_fork" is ddp with .process.launcher = fork).
+  process_options process;
 };
 
 namespace detail {

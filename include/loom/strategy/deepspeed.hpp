@@ -63,7 +63,7 @@ struct deepspeed : fsdp {
 
   deepspeed() : deepspeed(deepspeed_options{}) {}
   explicit deepspeed(deepspeed_options options)
-      : fsdp(with_process_options_of(options, fsdp_options{})),
+      : fsdp(fsdp_options{.process = options.process}),
         arguments_(std::move(options)) {}
 
   // The configuration is resolved once the world size is known (the batch

@@ -6,10 +6,8 @@
 // what the engine runs; docs/deepspeed.md lists each argument and key.
 #pragma once
 
-#include <loom/comm/capabilities.hpp>
-#include <loom/launch/launcher_kind.hpp>
+#include <loom/strategy/process_options.hpp>
 
-#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -63,16 +61,9 @@ struct deepspeed_options {
   bool synchronize_checkpoint_boundary = false;
   bool load_full_weights = false;
   bool exclude_frozen_parameters = false;
-  std::chrono::milliseconds timeout = std::chrono::minutes(30);
-  comm::backend process_group_backend = comm::backend::gloo;
-  launcher_kind launcher = launcher_kind::subprocess;
-  // With process_group_backend mpi: the application's communicator, as
-  // MPI_Comm_c2f(comm) gives it (MPI_COMM_WORLD when empty). The Fabric's
-  // ranks are then the communicator's (a split trains on its own).
-  std::optional<std::int64_t> mpi_communicator;
-  // The watchdog's limit on waiting for a rank that has not entered a
-  // collective (comm::group_options::collective_timeout); 0: off.
-  std::chrono::milliseconds collective_timeout = std::chrono::seconds(300);
+  // The processes it runs on (timeout, backend, launcher, MPI communicator,
+  // watchdog), as every distributed strategy takes them.
+  process_options process;
 };
 
 }  // namespace loom

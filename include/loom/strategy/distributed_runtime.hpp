@@ -9,52 +9,15 @@
 #include <loom/concepts.hpp>
 #include <loom/launch/launcher_kind.hpp>
 #include <loom/launch/supervisor.hpp>
+#include <loom/strategy/process_options.hpp>
 
 #include <c10/core/Device.h>
 
-#include <chrono>
-#include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
 #include <thread>
 
 namespace loom {
-
-struct parallel_options {
-  std::chrono::milliseconds timeout = std::chrono::minutes(30);  // every wait, as torch's default
-  comm::backend backend = comm::backend::gloo;
-  launcher_kind launcher = launcher_kind::subprocess;  // how launch() starts the local ranks
-  // backend mpi: the application's communicator (MPI_Comm_c2f), whose ranks
-  // the Fabric takes; empty: MPI_COMM_WORLD and the launcher's ranks.
-  std::optional<std::int64_t> mpi_communicator;
-  // The watchdog's limit on waiting for a rank that has not entered a
-  // collective (comm::group_options::collective_timeout); 0: off.
-  std::chrono::milliseconds collective_timeout = std::chrono::seconds(300);
-};
-
-// The process options every distributed strategy's option struct carries
-// (ddp_options, fsdp_options, deepspeed_options, model_parallel_options,
-// under Lightning's names), read in one place.
-template <class Options>
-parallel_options process_options_of(const Options& options) {
-  return {.timeout = options.timeout,
-          .backend = options.process_group_backend,
-          .launcher = options.launcher,
-          .mpi_communicator = options.mpi_communicator,
-          .collective_timeout = options.collective_timeout};
-}
-// `to` with the process options of `from` (a strategy built on another's).
-template <class Options, class From>
-Options with_process_options_of(const From& from, Options to) {
-  const parallel_options process = process_options_of(from);
-  to.timeout = process.timeout;
-  to.process_group_backend = process.backend;
-  to.launcher = process.launcher;
-  to.mpi_communicator = process.mpi_communicator;
-  to.collective_timeout = process.collective_timeout;
-  return to;
-}
 
 namespace detail {
 

@@ -36,7 +36,7 @@ struct fsdp : parallel {
 
   fsdp() = default;
   explicit fsdp(fsdp_options options)
-      : parallel(process_options_of(options)),
+      : parallel(options.process),
         options_(std::move(options)) {}
 
   void setup_environment(const strategy_environment& environment) {

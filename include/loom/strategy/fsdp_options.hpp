@@ -3,13 +3,11 @@
 // declares and by auto_wrap_policy; see docs/fsdp.md.
 #pragma once
 
-#include <loom/comm/capabilities.hpp>
-#include <loom/launch/launcher_kind.hpp>
+#include <loom/strategy/process_options.hpp>
 #include <loom/util/held_module.hpp>
 
 #include <c10/core/ScalarType.h>
 
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -122,16 +120,9 @@ struct fsdp_options {
   // across steps, the rank's reduced shard being its own chunk of it, so
   // only the optimizer state is sharded (8 + 8/N bytes per fp32 parameter).
   bool keep_full_gradients = false;
-  std::chrono::milliseconds timeout = std::chrono::minutes(30);
-  comm::backend process_group_backend = comm::backend::gloo;
-  launcher_kind launcher = launcher_kind::subprocess;
-  // With process_group_backend mpi: the application's communicator, as
-  // MPI_Comm_c2f(comm) gives it (MPI_COMM_WORLD when empty). The Fabric's
-  // ranks are then the communicator's (a split trains on its own).
-  std::optional<std::int64_t> mpi_communicator;
-  // The watchdog's limit on waiting for a rank that has not entered a
-  // collective (comm::group_options::collective_timeout); 0: off.
-  std::chrono::milliseconds collective_timeout = std::chrono::seconds(300);
+  // The processes it runs on (timeout, backend, launcher, MPI communicator,
+  // watchdog), as every distributed strategy takes them.
+  process_options process;
 };
 
 }  // namespace loom

@@ -30,8 +30,6 @@
 #include <loom/strategy/parallel.hpp>
 #include <loom/strategy/unit_construction.hpp>
 
-#include <chrono>
-#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -47,14 +45,13 @@ struct model_parallel_options {
   int data_parallel_size = 0;    // 0: "auto", the number of nodes
   int tensor_parallel_size = 0;  // 0: "auto", the processes per node
   bool save_distributed_checkpoint = true;
-  comm::backend process_group_backend = comm::backend::gloo;
-  std::chrono::milliseconds timeout = std::chrono::minutes(30);
-  launcher_kind launcher = launcher_kind::subprocess;
-  std::optional<std::int64_t> mpi_communicator;
-  std::chrono::milliseconds collective_timeout = std::chrono::seconds(300);
   // How the data-parallel dimension is sharded (units, sharding strategy,
-  // prefetch, ...): fsdp's options, on the data_parallel groups.
+  // prefetch, ...): fsdp's options, on the data_parallel groups (their
+  // `process` is not read: the strategy's own below is).
   fsdp_options data_parallel;
+  // The processes it runs on (timeout, backend, launcher, MPI communicator,
+  // watchdog), as every distributed strategy takes them.
+  process_options process;
 };
 
 namespace detail {
@@ -75,7 +72,7 @@ struct model_parallel : parallel {
 
   model_parallel() = default;
   explicit model_parallel(model_parallel_options options)
-      : parallel(process_options_of(options)),
+      : parallel(options.process),
         options_(std::move(options)) {}
 
   void setup_environment(const strategy_environment& environment) {
@@ -127,9 +124,7 @@ struct model_parallel : parallel {
       detail::gather_all_constructed(module);
       return nullptr;
     }
-    fsdp_options sharding = options_.data_parallel;
-    sharding.timeout = options_.timeout;
-    auto engine = std::make_shared<detail::fsdp_engine>(module, mesh.group("data_parallel"), sharding,
+    auto engine = std::make_shared<detail::fsdp_engine>(module, mesh.group("data_parallel"), options_.data_parallel,
                                                         runtime().local_world_size(), precision_);
     engines_.add(engine);
     return engine;
