@@ -258,6 +258,68 @@ std::vector<at::Tensor> three_steps(F& fabric) {
 }
 }  // namespace
 
+namespace {
+// A sharded strategy written here and nowhere else: the sharding engine over
+// the world with SHARD_GRAD_OP (parameters whole between steps, gradients
+// reduce-scattered), saving sharded only. Its module setup and save are all
+// it writes; forward, no_backward_sync, clip_gradients, counters and the
+// in-place load are sharded_parallel's.
+struct grad_op_sharded : loom::sharded_parallel {
+  static constexpr std::string_view name = "test_grad_op_sharded";
+  static constexpr bool supports_no_backward_sync = true;
+
+  module_state setup_module(torch::nn::Module& module, bool move_to_device = true) {
+    loom::comm::process_group& world = group();
+    if (move_to_device) module.to(device_);
+    return add_engine(module, world, loom::fsdp_options{.strategy = loom::sharding_strategy::shard_grad_op});
+  }
+  void save_checkpoint(const std::string& path, const loom::state& checkpoint, const loom::state_filter& filter,
+                       const loom::checkpoint_metadata& metadata) {
+    save_full_or_sharded(/*full=*/false, name, "use fsdp", path, checkpoint, filter, metadata);
+  }
+};
+static_assert(loom::Strategy<grad_op_sharded>);
+}  // namespace
+
+TEST_CASE("a sharded strategy defined in a test alone trains as single_device and round-trips its sharded save",
+          "[contract]") {
+  loom::Fabric<loom::cpu, grad_op_sharded, loom::fp32> sharded;
+  loom::Fabric<loom::cpu, loom::single_device, loom::fp32> single;
+  const std::vector<at::Tensor> trained = three_steps(sharded);
+  const std::vector<at::Tensor> expected = three_steps(single);
+  REQUIRE(trained.size() == expected.size());
+  for (std::size_t i = 0; i < trained.size(); ++i) CHECK(torch::allclose(trained[i], expected[i], 0, 1e-6));
+
+  torch::manual_seed(6);
+  loom_test::Mlp net(4, 8, 2);
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  auto [model, optimizer] = sharded.setup(net, sgd);
+  // The module is the sharding engine's: one unit (the root), on a world of
+  // one (where it sends nothing: the counters stay 0).
+  REQUIRE(model.session().state() != nullptr);
+  CHECK(model.session().state()->units().size() == 1);
+  CHECK(model.session().state()->shard_size() == 1);
+  const auto path = (scratch_dir("sharded") / "sharded.ckpt").string();
+  sharded.save(path, {{"model", model}});
+  CHECK(std::filesystem::is_directory(path));  // a sharded save: each rank's file and meta.pt
+  const at::Tensor saved = net->parameters()[0].clone();
+  {
+    at::NoGradGuard no_grad;
+    for (auto& parameter : net->parameters()) parameter.zero_();
+  }
+  sharded.load(path, {{"model", model}});
+  CHECK(torch::equal(saved, net->parameters()[0]));
+  const loom::state_filter keep_all{{"model", [](std::string_view, const at::Tensor&) { return true; }}};
+  CHECK_THROWS_WITH(sharded.save(path, {{"model", model}}, keep_all),
+                    Catch::Contains("test_grad_op_sharded: a filter is refused for sharded saves"));
+}
+
+// deepspeed sets a module up only with its optimizer: it has no setup_module
+// (it inherited fsdp's), and the concept does not ask a joint-setup strategy for one.
+static_assert(!loom::detail::strategy_members::setup_module<loom::deepspeed>);
+static_assert(loom::detail::strategy_members::setup_module<loom::fsdp>);
+static_assert(loom::Strategy<loom::deepspeed>);
+
 TEST_CASE("an accelerator defined in a test alone: the compatibility rules read its device type, and it trains as cpu",
           "[contract]") {
   STATIC_REQUIRE(loom::Accelerator<host_accelerator>);

@@ -21,7 +21,7 @@
 namespace loom {
 
 void deepspeed::setup_environment(const strategy_environment& environment) {
-  fsdp::setup_environment(environment);
+  sharded_parallel::setup_environment(environment);
   config_ = resolve_zero_config(arguments_, precision_, world_size());
   if (config_.fp16.enabled && !(precision_.mixed && precision_.half())) {
     throw configuration_error("deepspeed: fp16 (DeepSpeed's dynamic loss scaling) takes precision 16-mixed, not " +
@@ -55,11 +55,11 @@ void deepspeed::setup_environment(const strategy_environment& environment) {
   if (global_rank() == 0) {
     for (const auto& notice : config_.notices) std::cerr << "loom deepspeed: notice: " << notice << '\n';
   }
-  options_ = engine_options(config_);
+  engine_options_ = engine_options(config_);
 }
 
 auto deepspeed::construction_sharding() const -> std::optional<detail::construction_sharding> {
-  auto sharding = fsdp::construction_sharding();
+  auto sharding = construction_sharding_of(engine_options_);
   if (sharding && config_.bf16) sharding->dtype = at::kBFloat16;
   if (sharding && config_.fp16.enabled) sharding->dtype = at::kHalf;
   return sharding;
@@ -102,7 +102,8 @@ auto deepspeed::setup_module_and_optimizers(torch::nn::Module& module,
   }
   if (config_.bf16) to_floating(module, at::kBFloat16);
   if (config_.fp16.enabled) to_floating(module, at::kHalf);
-  module_state engine = fsdp::setup_module(module, move_to_device);
+  if (move_to_device) module.to(device_);
+  module_state engine = add_engine(module, group(), engine_options_);
   auto model = std::make_unique<zero_model>();
   model->module = &module;
   model->optimizer = &optimizer;
@@ -126,7 +127,7 @@ auto deepspeed::setup_module_and_optimizers(torch::nn::Module& module,
 
 void deepspeed::zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none) {
   if (model_of(optimizer).micro_steps % config_.gradient_accumulation_steps == 0) {
-    fsdp::zero_grad(optimizer, set_to_none);
+    sharded_parallel::zero_grad(optimizer, set_to_none);
   }
 }
 
@@ -142,7 +143,7 @@ auto deepspeed::no_backward_sync(module_state& engine, bool enabled) -> fsdp_no_
                               ": the config accumulates already (reductions run on its boundary micro-batches "
                               "only); use one of the two");
   }
-  return fsdp::no_backward_sync(engine, enabled);
+  return sharded_parallel::no_backward_sync(engine, enabled);
 }
 
 void deepspeed::save_checkpoint(const std::string& path, const state& checkpoint, const state_filter& filter,
@@ -418,7 +419,7 @@ auto deepspeed::nvme_state_from(const zero_model& model) -> detail::adam_partiti
 }
 
 state deepspeed::load_state(const std::string& path, const state& checkpoint, bool strict) {
-  if (!config_.load_full_weights) return fsdp::load_checkpoint(path, checkpoint, strict);
+  if (!config_.load_full_weights) return sharded_parallel::load_checkpoint(path, checkpoint, strict);
   if (std::filesystem::is_directory(path)) {
     throw configuration_error("deepspeed: load_full_weights=True loads one full checkpoint file (a full save, or "
                               "loom-run consolidate's output); " + path + " is a directory");
@@ -427,7 +428,7 @@ state deepspeed::load_state(const std::string& path, const state& checkpoint, bo
   for (const auto& entry : checkpoint.entries()) {
     if (entry.io().module() != nullptr) modules.add(entry);
   }
-  (void)fsdp::load_checkpoint(path, modules, strict);
+  (void)sharded_parallel::load_checkpoint(path, modules, strict);
   return {};
 }
 
@@ -459,7 +460,7 @@ auto deepspeed::preset(deepspeed_options options, int stage, bool offload_optimi
 }
 
 auto deepspeed::engine_options(const zero_config& config) const -> fsdp_options {
-  fsdp_options engine = options_;
+  fsdp_options engine{.process = arguments_.process};
   engine.strategy = config.stage == 3   ? sharding_strategy::full_shard
                     : config.stage == 0 ? sharding_strategy::no_shard
                                         : sharding_strategy::shard_grad_op;

@@ -295,13 +295,14 @@ concept StrategyProcesses = detail::tagged_as<S, strategy_tag> && detail::strate
                             detail::strategy_members::barrier<S> && detail::strategy_members::launch_agrees<S> &&
                             detail::strategy_members::sampler_ranks_agree<S>;
 
-// Modules: per-module state, setup (jointly with the optimizers where the
-// strategy needs it), and the forward the strategy wraps.
+// Modules: per-module state, setup (alone, or jointly with the optimizers
+// where the strategy needs that: then only jointly), and the forward the
+// strategy wraps.
 template <class S>
 concept StrategyModules = StrategyProcesses<S> && detail::strategy_members::module_state<S> &&
-                          detail::strategy_members::setup_module<S> && detail::strategy_members::forward<S> &&
-                          detail::strategy_members::forward_replicas_agrees<S> &&
-                          (!needs_joint_setup<S> || detail::strategy_members::joint_setup<S>);
+                          (needs_joint_setup<S> ? detail::strategy_members::joint_setup<S>
+                                                : detail::strategy_members::setup_module<S>) &&
+                          detail::strategy_members::forward<S> && detail::strategy_members::forward_replicas_agrees<S>;
 
 // The training step: backward, optimizer step, zero_grad, clip_gradients
 // (the norm over the whole model across ranks), and no_backward_sync where
@@ -391,7 +392,7 @@ constexpr bool diagnose_strategy() {
                   "loom::Fabric<A, S, P>: strategy S needs `using module_state = ...` (what it keeps per set-up "
                   "module; an empty struct when nothing); inherit loom::strategy_base for the default.");
     return false;
-  } else if constexpr (!m::setup_module<S>) {
+  } else if constexpr (!needs_joint_setup<S> && !m::setup_module<S>) {
     static_assert(detail::dependent_false<S>,
                   "loom::Fabric<A, S, P>: strategy S needs `module_state setup_module(torch::nn::Module&, bool "
                   "move_to_device)`; inherit loom::strategy_base for the default (move to the root device).");

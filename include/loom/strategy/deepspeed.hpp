@@ -11,9 +11,10 @@
 #include <loom/compat.hpp>
 #include <loom/errors.hpp>
 #include <loom/strategy/deepspeed_options.hpp>
-#include <loom/strategy/fsdp.hpp>
+#include <loom/strategy/fsdp_options.hpp>
 #include <loom/strategy/gradient_norm.hpp>
 #include <loom/strategy/nvme_stream.hpp>
+#include <loom/strategy/sharded_parallel.hpp>
 #include <loom/strategy/zero_config.hpp>
 #include <loom/strategy/zero_loss_scaler.hpp>
 #include <loom/util/autocast_guard.hpp>
@@ -30,7 +31,7 @@
 
 namespace loom {
 
-struct deepspeed : fsdp {
+struct deepspeed : sharded_parallel {
   static constexpr std::string_view name = "deepspeed";
   static constexpr bool is_sharded = true;
   static constexpr bool supports_no_backward_sync = true;
@@ -63,7 +64,7 @@ struct deepspeed : fsdp {
 
   deepspeed() : deepspeed(deepspeed_options{}) {}
   explicit deepspeed(deepspeed_options options)
-      : fsdp(fsdp_options{.process = options.process}),
+      : sharded_parallel(options.process),
         arguments_(std::move(options)) {}
 
   // The configuration is resolved once the world size is known (the batch
@@ -86,12 +87,14 @@ struct deepspeed : fsdp {
   // (what DeepSpeed does); otherwise as FSDP.
   template <class Forward>
   auto forward(module_state& engine, torch::nn::Module& module, Forward&& run) {
-    if (!config_.bf16 && !config_.fp16.enabled) return fsdp::forward(engine, module, std::forward<Forward>(run));
+    if (!config_.bf16 && !config_.fp16.enabled) {
+      return sharded_parallel::forward(engine, module, std::forward<Forward>(run));
+    }
     // Off on the device the module computes on (cuda:N on a GPU), as
     // torch.autocast(device_type, enabled=False) does; restored on the way out.
     const auto on = device_.type();
     autocast_guard off(on, compat::autocast_dtype(on), /*enabled=*/false);
-    return fsdp::forward(engine, module, std::forward<Forward>(run));
+    return sharded_parallel::forward(engine, module, std::forward<Forward>(run));
   }
 
   // DeepSpeed's engine.backward: the loss scaled by 1/gradient_accumulation_steps,
@@ -165,14 +168,13 @@ struct deepspeed : fsdp {
 
   // Lightning raises here; loom clips (the norm over every partition) unless
   // the config clips already.
-  template <class State>
-  std::optional<double> clip_gradients(State& engine, torch::nn::Module& module, const clip_options& options) {
+  std::optional<double> clip_gradients(module_state& engine, torch::nn::Module& module, const clip_options& options) {
     if (config_.gradient_clipping > 0) {
       throw configuration_error("deepspeed: fabric.clip_gradients and the config's gradient_clipping = " +
                                 std::to_string(config_.gradient_clipping) +
                                 " would both clip; use one (the config clips inside optimizer.step())");
     }
-    return fsdp::clip_gradients(engine, module, options);
+    return sharded_parallel::clip_gradients(engine, module, options);
   }
 
   fsdp_no_sync_guard no_backward_sync(module_state& engine, bool enabled = true);
@@ -320,6 +322,7 @@ struct deepspeed : fsdp {
 
   deepspeed_options arguments_;
   zero_config config_;
+  fsdp_options engine_options_;  // what the config's stage asks of the sharding engine
   std::vector<std::unique_ptr<zero_model>> models_;  // in setup order
 };
 

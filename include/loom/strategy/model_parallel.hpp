@@ -21,18 +21,15 @@
 #pragma once
 
 #include <loom/comm/device_mesh.hpp>
-#include <loom/compat.hpp>
 #include <loom/strategy/fsdp_engine.hpp>
 #include <loom/strategy/fsdp_options.hpp>
-#include <loom/strategy/full_state.hpp>
-#include <loom/strategy/live_engines.hpp>
-#include <loom/strategy/no_sync_guard.hpp>
-#include <loom/strategy/parallel.hpp>
+#include <loom/strategy/sharded_parallel.hpp>
 #include <loom/strategy/unit_construction.hpp>
 
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -60,25 +57,22 @@ namespace detail {
 std::pair<int, int> model_parallel_sizes(int data_parallel, int tensor_parallel, int world_size, int num_nodes);
 }  // namespace detail
 
-struct model_parallel : parallel {
+struct model_parallel : sharded_parallel {
   static constexpr std::string_view name = "model_parallel";
   static constexpr bool supports_no_backward_sync = true;
-  // Its parameters live in shards: the sharded strategies' precisions
-  // (32-true, bf16-mixed, bf16-true; 16-true on cuda), as Lightning's list.
-  static constexpr bool is_sharded = true;
-
-  // The sharding engine over the data-parallel dimension (null when it has one rank).
-  using module_state = std::shared_ptr<detail::fsdp_engine>;
+  // Its parameters live in shards (is_sharded, from sharded_parallel): the
+  // sharded strategies' precisions (32-true, bf16-mixed, bf16-true; 16-true
+  // on cuda), as Lightning's list. Its module_state, the sharding engine over
+  // the data-parallel dimension, is null when that has one rank.
 
   model_parallel() = default;
   explicit model_parallel(model_parallel_options options)
-      : parallel(options.process),
+      : sharded_parallel(options.process),
         options_(std::move(options)) {}
 
   void setup_environment(const strategy_environment& environment) {
-    parallel::setup_environment(environment);
+    sharded_parallel::setup_environment(environment);
     num_nodes_ = environment.num_nodes;
-    precision_ = environment.precision;
   }
 
   // The 2-D mesh (data_parallel, tensor_parallel), formed on first use
@@ -124,63 +118,22 @@ struct model_parallel : parallel {
       detail::gather_all_constructed(module);
       return nullptr;
     }
-    auto engine = std::make_shared<detail::fsdp_engine>(module, mesh.group("data_parallel"), options_.data_parallel,
-                                                        runtime().local_world_size(), precision_);
-    engines_.add(engine);
-    return engine;
+    return add_engine(module, mesh.group("data_parallel"), options_.data_parallel);
   }
 
-  template <class Forward>
-  auto forward(module_state& engine, torch::nn::Module& /*module*/, Forward&& run) {
-    if (!engine) return std::forward<Forward>(run)();
-    return detail::forward_through(*engine, std::forward<Forward>(run));
-  }
-
-  // Tensor parallel has nothing to skip; the data-parallel engine defers its
-  // reduction (FSDP's no_sync).
-  class [[nodiscard("a guard acts only while it lives: name it (auto guard = ...)")]] no_sync {
-   public:
-    no_sync(detail::fsdp_engine* engine, bool enabled) {
-      if (engine != nullptr) guard_.emplace(*engine, enabled);
-    }
-
-   private:
-    std::optional<no_sync_guard<detail::fsdp_engine>> guard_;
-  };
-  no_sync no_backward_sync(module_state& engine, bool enabled = true) { return no_sync(engine.get(), enabled); }
-
-  // As asked, as fsdp (its engine may run on the data-parallel dimension).
-  void zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none) { compat::zero_grad(optimizer, set_to_none); }
-
-  template <class State>
-  std::optional<double> clip_gradients(State& engine, torch::nn::Module& module, const clip_options& options) {
-    // Over the placements: chunks summed over the tensor-parallel group,
-    // the engine's slices over the data-parallel one, replicas counted once.
-    std::vector<std::weak_ptr<detail::fsdp_engine>> engines;
-    if (engine) engines.push_back(engine);
-    return detail::clip_placed(detail::placements_of(engines, {&module}), options);
-  }
+  // forward, no_backward_sync (tensor parallel has nothing to skip; the
+  // data-parallel engine defers its reduction), zero_grad, clip_gradients
+  // (chunks summed over the tensor-parallel group, the engine's slices over
+  // the data-parallel one, replicas counted once) and load_checkpoint are
+  // every sharded strategy's (sharded_parallel.hpp).
 
   // ------------------------------------------------------------ checkpoints
+  // Distributed (sharded) or full; loaded on any mesh (or from single_device,
+  // ddp, fsdp) by sharded_parallel::load_checkpoint.
   void save_checkpoint(const std::string& path, const state& checkpoint, const state_filter& filter,
                        const checkpoint_metadata& metadata) {
-    if (!options_.save_distributed_checkpoint) {
-      detail::save_gathered_state(engines_.entries(), checkpoint, filter, metadata, path, /*root=*/0, group());
-      barrier();
-      return;
-    }
-    if (!filter.empty()) {
-      throw configuration_error("model_parallel: a filter is refused for distributed saves (as fsdp's sharded "
-                                "ones); set save_distributed_checkpoint=false to filter a full save");
-    }
-    loom::save_sharded_checkpoint(path, checkpoint, metadata,
-                                  detail::sharded_save_layout(checkpoint, engines_.entries(), "model_parallel"), group());
-  }
-  // Full or distributed, written on any mesh (or by single_device, ddp,
-  // fsdp): each rank reads only its chunks and slices, in place
-  // (load_local_parts), and all ranks load or none.
-  state load_checkpoint(const std::string& path, const state& checkpoint, bool strict) {
-    return detail::load_local_state(engines_.entries(), checkpoint, path, strict, group());
+    save_full_or_sharded(!options_.save_distributed_checkpoint, name, "set save_distributed_checkpoint=false", path,
+                         checkpoint, filter, metadata);
   }
   // What the next fabric.save writes.
   void set_save_distributed_checkpoint(bool distributed) noexcept { options_.save_distributed_checkpoint = distributed; }
@@ -189,9 +142,7 @@ struct model_parallel : parallel {
 
  private:
   model_parallel_options options_;
-  detail::live_engines<detail::fsdp_engine> engines_;
   int num_nodes_ = 1;
-  precision_dtypes precision_;
   std::shared_ptr<comm::device_mesh> mesh_;
 };
 

@@ -9,12 +9,16 @@ namespace loom {
 template <class Engine>
 class [[nodiscard("a guard acts only while it lives: name it (auto guard = ...)")]] no_sync_guard {
  public:
-  no_sync_guard(Engine& engine, bool enabled) : engine_(&engine), previous_(engine.sync_enabled()) {
-    if (enabled) engine.set_sync_enabled(false);
+  no_sync_guard(Engine& engine, bool enabled) : no_sync_guard(&engine, enabled) {}
+  // A null engine (nothing synchronised: a dimension of one rank): does nothing.
+  no_sync_guard(Engine* engine, bool enabled) : engine_(engine), previous_(engine != nullptr && engine->sync_enabled()) {
+    if (engine_ != nullptr && enabled) engine_->set_sync_enabled(false);
   }
   no_sync_guard(const no_sync_guard&) = delete;
   no_sync_guard& operator=(const no_sync_guard&) = delete;
-  ~no_sync_guard() { engine_->set_sync_enabled(previous_); }
+  ~no_sync_guard() {
+    if (engine_ != nullptr) engine_->set_sync_enabled(previous_);
+  }
 
  private:
   Engine* engine_;
