@@ -1,6 +1,8 @@
 // Lightning's accelerator and precision spellings.
 #include <loom/policy_names.hpp>
 
+#include <algorithm>
+
 namespace loom {
 
 const std::vector<std::string>& precision_names() {
@@ -21,7 +23,15 @@ std::optional<std::string> canonical_precision(std::string_view name) {
 }
 
 const std::vector<std::string>& accelerator_names() {
-  static const std::vector<std::string> names = {"cpu", "gpu", "cuda", "mps", "tpu", "auto"};
+  // Lightning's, then each built-in accelerator Lightning does not name.
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> all = {"cpu", "gpu", "cuda", "mps", "tpu", "auto"};
+#define LOOM_ACCELERATOR(type, device, fp16_compute) \
+  if (std::find(all.begin(), all.end(), #type) == all.end()) all.emplace_back(#type);
+#include <loom/builtin_accelerators.def>
+#undef LOOM_ACCELERATOR
+    return all;
+  }();
   return names;
 }
 

@@ -23,7 +23,7 @@ import sys
 
 # Headers every layer may include: names and errors with no policy behind them.
 VOCABULARY = {"errors.hpp", "devices.hpp", "compat.hpp", "compat_c10d.hpp", "comm/reduce_op.hpp", "policy_names.hpp",
-              "environment.hpp"}
+              "environment.hpp", "builtin_accelerators.def"}
 
 # The table, bottom to top: (layer, what the row names, what it holds, the
 # layers it may include besides itself, the vocabulary and util).

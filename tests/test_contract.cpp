@@ -12,7 +12,9 @@
 #include <loom/any_fabric.hpp>
 #include <loom/runtime/fabric_model.hpp>
 #include <loom/runtime/make_fabric_with_strategy.hpp>
+#include <loom/runtime/register_strategy.hpp>
 #include <loom/runtime/registry.hpp>
+#include <loom/policy_names.hpp>
 #include <loom/strategy/fsdp_options.hpp>
 
 #include <ATen/autocast_mode.h>
@@ -22,10 +24,12 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <thread>
 #include <typeindex>
 
@@ -510,8 +514,18 @@ TEST_CASE("the compatibility rules see the same facts from the types as from the
   auto same_precision = [](loom::rules::precision_facts a, loom::rules::precision_facts b) {
     return a.name == b.name && a.fp16 == b.fp16 && a.mixed == b.mixed;
   };
-  STATIC_REQUIRE(same_accelerator(loom::accelerator_facts_of<loom::cpu>(), loom::rules::builtin_accelerator("cpu")));
-  STATIC_REQUIRE(same_accelerator(loom::accelerator_facts_of<loom::cuda>(), loom::rules::builtin_accelerator("cuda")));
+  // Every line of builtin_accelerators.def: the type's facts are the line's,
+  // loom-run accepts its name, and the registry holds it when compiled in.
+  std::set<std::string> registered;
+  for (const auto& entry : loom::runtime::registry::instance().entries()) registered.insert(entry.accelerator);
+  const auto& names = loom::accelerator_names();
+#define LOOM_ACCELERATOR(type, device, fp16_compute)                                                      \
+  STATIC_REQUIRE(                                                                                         \
+      same_accelerator(loom::accelerator_facts_of<loom::type>(), loom::rules::builtin_accelerator(#type))); \
+  CHECK(std::find(names.begin(), names.end(), #type) != names.end());                                     \
+  CHECK(registered.contains(#type) == loom::runtime::compiled_in<loom::type>);
+#include <loom/builtin_accelerators.def>
+#undef LOOM_ACCELERATOR
   STATIC_REQUIRE(same_precision(loom::precision_facts_of<loom::fp32>(), loom::rules::builtin_precision("32-true")));
   STATIC_REQUIRE(same_precision(loom::precision_facts_of<loom::fp64>(), loom::rules::builtin_precision("64-true")));
   STATIC_REQUIRE(same_precision(loom::precision_facts_of<loom::fp16>(), loom::rules::builtin_precision("16-true")));

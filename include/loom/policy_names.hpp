@@ -16,7 +16,7 @@ const std::vector<std::string>& precision_names();
 // canonical names unchanged; nullopt for an unknown name.
 std::optional<std::string> canonical_precision(std::string_view name);
 
-// cpu, gpu, cuda, mps, tpu, auto.
+// cpu, gpu, cuda, mps, tpu, auto, and any built-in accelerator (builtin_accelerators.def) besides.
 const std::vector<std::string>& accelerator_names();
 // "gpu" -> "cuda"; others unchanged; nullopt when unknown.
 std::optional<std::string> canonical_accelerator(std::string_view name);

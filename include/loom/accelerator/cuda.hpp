@@ -16,6 +16,12 @@ struct cuda {
   static constexpr std::string_view name = "cuda";
   static constexpr c10::DeviceType device_type = c10::DeviceType::CUDA;
   static constexpr bool supports_fp16_compute = true;
+  // In the registry's product only when loom is built for CUDA (-Dcuda).
+#if defined(LOOM_WITH_CUDA)
+  static constexpr bool compiled_in = true;
+#else
+  static constexpr bool compiled_in = false;
+#endif
 
   // Whether this loom build was compiled against a LibTorch with CUDA.
   static bool built_with_cuda() noexcept;

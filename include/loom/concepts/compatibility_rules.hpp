@@ -126,10 +126,14 @@ constexpr rule processes_fit(const strategy_facts& strategy, int processes_per_n
   return !strategy.multi_process && (processes_per_node > 1 || num_nodes > 1) ? rule::one_process : rule::none;
 }
 
-// The built-in accelerators' and precisions' facts by name (the connector's side).
+// The built-in accelerators' and precisions' facts by name (the connector's
+// side); an accelerator loom does not build (mps, tpu) has the host's.
 constexpr accelerator_facts builtin_accelerator(std::string_view name) {
-  const device_type device = name == "cuda" ? device_type::cuda : device_type::cpu;
-  return {.name = name, .device = device, .fp16_compute = device == device_type::cuda};
+#define LOOM_ACCELERATOR(type, device_, fp16_compute_)                                   \
+  if (name == #type) return {.name = name, .device = device_type::device_, .fp16_compute = fp16_compute_};
+#include <loom/builtin_accelerators.def>
+#undef LOOM_ACCELERATOR
+  return {.name = name, .device = device_type::cpu, .fp16_compute = false};
 }
 constexpr precision_facts builtin_precision(std::string_view canonical_name) {
   return {.name = canonical_name,

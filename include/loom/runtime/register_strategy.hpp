@@ -4,6 +4,7 @@
 // it in src/runtime/builtin_*.cpp; register_strategy is the user's door.
 #pragma once
 
+// Each built-in accelerator's header (builtin_accelerators.def lists them).
 #include <loom/accelerator/cpu.hpp>
 #include <loom/accelerator/cuda.hpp>
 #include <loom/compatibility.hpp>
@@ -27,17 +28,38 @@ namespace loom::runtime {
 
 namespace hana = boost::hana;
 
-#if defined(LOOM_WITH_CUDA)
-inline constexpr auto accelerators = hana::tuple_t<cpu, cuda>;
-#else
-inline constexpr auto accelerators = hana::tuple_t<cpu>;
-#endif
+// Whether this build's registry holds accelerator A (cuda: only when loom
+// is built for it).
+template <class A>
+inline constexpr bool compiled_in = [] {
+  if constexpr (requires { A::compiled_in; }) return bool(A::compiled_in);
+  else return true;
+}();
+
+// The built-in accelerators (builtin_accelerators.def) this build holds.
+// (The list ends with void, left out with the accelerators not compiled in,
+// because each line of the list ends with a comma.)
+template <class A>
+inline constexpr bool in_product = compiled_in<A>;
+template <>
+inline constexpr bool in_product<void> = false;
+#define LOOM_ACCELERATOR(type, device, fp16_compute) hana::type_c<type>,
+inline constexpr auto accelerators = hana::filter(hana::make_tuple(
+#include <loom/builtin_accelerators.def>
+                                                      hana::type_c<void>),
+                                                  [](auto accelerator) {
+                                                    return hana::bool_c<in_product<typename decltype(accelerator)::type>>;
+                                                  });
+#undef LOOM_ACCELERATOR
 inline constexpr auto precisions = hana::tuple_t<fp32, fp64, fp16, bf16, fp16_mixed, bf16_mixed>;
 
 template <class T>
 inline constexpr const char* type_name = "?";
-template <> inline constexpr const char* type_name<cpu> = "loom::cpu";
-template <> inline constexpr const char* type_name<cuda> = "loom::cuda";
+#define LOOM_ACCELERATOR(type, device, fp16_compute) \
+  template <>                                        \
+  inline constexpr const char* type_name<type> = "loom::" #type;
+#include <loom/builtin_accelerators.def>
+#undef LOOM_ACCELERATOR
 template <> inline constexpr const char* type_name<fp32> = "loom::fp32";
 template <> inline constexpr const char* type_name<fp64> = "loom::fp64";
 template <> inline constexpr const char* type_name<fp16> = "loom::fp16";
