@@ -460,7 +460,7 @@ auto deepspeed::preset(deepspeed_options options, int stage, bool offload_optimi
 }
 
 auto deepspeed::engine_options(const zero_config& config) const -> fsdp_options {
-  fsdp_options engine{.process = arguments_.process};
+  fsdp_options engine;  // its `process` is not read: the processes are the strategy's
   engine.strategy = config.stage == 3   ? sharding_strategy::full_shard
                     : config.stage == 0 ? sharding_strategy::no_shard
                                         : sharding_strategy::shard_grad_op;

@@ -15,6 +15,8 @@
 
 #include <boost/hana/cartesian_product.hpp>
 #include <boost/hana/filter.hpp>
+#include <boost/hana/flatten.hpp>
+#include <boost/hana/if.hpp>
 #include <boost/hana/for_each.hpp>
 #include <boost/hana/tuple.hpp>
 #include <boost/hana/type.hpp>
@@ -36,20 +38,14 @@ inline constexpr bool compiled_in = [] {
   else return true;
 }();
 
-// The built-in accelerators (builtin_accelerators.def) this build holds.
-// (The list ends with void, left out with the accelerators not compiled in,
-// because each line of the list ends with a comma.)
-template <class A>
-inline constexpr bool in_product = compiled_in<A>;
-template <>
-inline constexpr bool in_product<void> = false;
-#define LOOM_ACCELERATOR(type, device, fp16_compute) hana::type_c<type>,
-inline constexpr auto accelerators = hana::filter(hana::make_tuple(
+// The built-in accelerators (builtin_accelerators.def) this build holds:
+// each line gives a tuple of its type, or an empty one when it is not
+// compiled in, and the empty tuple after them takes the last line's comma.
+#define LOOM_ACCELERATOR(type, device, fp16_compute) \
+  hana::if_(hana::bool_c<compiled_in<type>>, hana::tuple_t<type>, hana::tuple_t<>),
+inline constexpr auto accelerators = hana::flatten(hana::make_tuple(
 #include <loom/builtin_accelerators.def>
-                                                      hana::type_c<void>),
-                                                  [](auto accelerator) {
-                                                    return hana::bool_c<in_product<typename decltype(accelerator)::type>>;
-                                                  });
+    hana::tuple_t<>));
 #undef LOOM_ACCELERATOR
 inline constexpr auto precisions = hana::tuple_t<fp32, fp64, fp16, bf16, fp16_mixed, bf16_mixed>;
 

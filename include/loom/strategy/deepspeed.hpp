@@ -33,7 +33,6 @@ namespace loom {
 
 struct deepspeed : sharded_parallel {
   static constexpr std::string_view name = "deepspeed";
-  static constexpr bool is_sharded = true;
   static constexpr bool supports_no_backward_sync = true;
   // Under 16-mixed the loss is scaled by DeepSpeed's scaler, not a GradScaler.
   static constexpr bool scales_own_loss = true;
