@@ -18,7 +18,6 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
-#include <torch/nn/cloneable.h>
 #include <torch/nn/module.h>
 
 #include <algorithm>
@@ -88,7 +87,11 @@ std::size_t replicas_for(std::size_t devices, const Args&... arguments) {
 // replica, outputs gathered. Impl must be Cloneable (replicas are clones).
 template <class Impl, class Body, class... Args>
 auto data_parallel_forward(replica_set& replicas, Impl& root, Body&& body, const Args&... arguments) {
-  static_assert(std::is_base_of_v<torch::nn::Cloneable<Impl>, Impl>,
+  // Cloneable<Impl> is what overrides Module::clone (which throws): asked as
+  // "is clone overridden" so that this header needs no <torch/nn/cloneable.h>
+  // (it brings torch/utils.h and the profiler: a third of <loom/loom.hpp>'s
+  // own compile time). The user's module includes it to derive from it.
+  static_assert(!std::is_same_v<decltype(&Impl::clone), decltype(&torch::nn::Module::clone)>,
                 "loom::dp replicates the module on each device, so it must be cloneable: derive NetImpl from "
                 "torch::nn::Cloneable<NetImpl> (not torch::nn::Module) and implement reset(), registering the "
                 "parameters and submodules there (as torch::nn::Linear does); the constructor then calls reset()");
