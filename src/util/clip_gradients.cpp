@@ -5,6 +5,7 @@
 
 // clip_grad.h uses torch::Tensor without including what declares it.
 #include <torch/types.h>
+#include <torch/nn/module.h>
 #include <torch/nn/utils/clip_grad.h>
 
 namespace loom::detail {
@@ -23,6 +24,10 @@ std::optional<double> clip_gradient_values(std::vector<at::Tensor> parameters, c
   }
   return torch::nn::utils::clip_grad_norm_(parameters, *options.max_norm, options.norm_type,
                                            options.error_if_nonfinite);
+}
+
+std::optional<double> clip_gradient_values(torch::nn::Module& module, const clip_options& options) {
+  return clip_gradient_values(module.parameters(), options);
 }
 
 }  // namespace loom::detail

@@ -3,11 +3,11 @@
 // object with state_dict()/load_state_dict(). As Lightning's `state` dict.
 #pragma once
 
+#include <loom/util/module_fwd.hpp>
 #include <loom/util/module_holder.hpp>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
-#include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
 #include <concepts>

@@ -15,10 +15,10 @@
 #pragma once
 
 #include <loom/util/apply_to_collection.hpp>
+#include <loom/util/module_fwd.hpp>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
-#include <torch/nn/module.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -91,7 +91,9 @@ auto data_parallel_forward(replica_set& replicas, Impl& root, Body&& body, const
   // "is clone overridden" so that this header needs no <torch/nn/cloneable.h>
   // (it brings torch/utils.h and the profiler: a third of <loom/loom.hpp>'s
   // own compile time). The user's module includes it to derive from it.
-  static_assert(!std::is_same_v<decltype(&Impl::clone), decltype(&torch::nn::Module::clone)>,
+  // (Module named through Impl: this header declares Module only.)
+  using module_base = std::conditional_t<true, torch::nn::Module, Impl>;
+  static_assert(!std::is_same_v<decltype(&Impl::clone), decltype(&module_base::clone)>,
                 "loom::dp replicates the module on each device, so it must be cloneable: derive NetImpl from "
                 "torch::nn::Cloneable<NetImpl> (not torch::nn::Module) and implement reset(), registering the "
                 "parameters and submodules there (as torch::nn::Linear does); the constructor then calls reset()");

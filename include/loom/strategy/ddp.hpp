@@ -35,7 +35,7 @@ struct ddp : parallel {
 
   module_state setup_module(torch::nn::Module& module, bool move_to_device = true) {
     comm::process_group& world = this->group();
-    if (move_to_device) module.to(this->device_);
+    if (move_to_device) detail::move_module(module, this->device_);
     auto engine = std::make_shared<detail::ddp_engine>(module, world, options_);
     engines_.add(engine);
     return engine;

@@ -57,7 +57,7 @@ struct dp : strategy_base {
   }
 
   module_state setup_module(torch::nn::Module& module, bool move_to_device = true) {
-    if (move_to_device) module.to(device_);
+    if (move_to_device) detail::move_module(module, device_);
     return std::make_shared<detail::replica_set>(module, devices_);
   }
 

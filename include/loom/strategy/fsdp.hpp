@@ -26,7 +26,7 @@ struct fsdp : sharded_parallel {
 
   module_state setup_module(torch::nn::Module& module, bool move_to_device = true) {
     comm::process_group& world = this->group();
-    if (move_to_device) module.to(this->device_);
+    if (move_to_device) detail::move_module(module, this->device_);
     return add_engine(module, world, options_);
   }
 

@@ -108,7 +108,7 @@ struct model_parallel : sharded_parallel {
                                 "parallelism to the module (loom::tp::parallelize_module with a plan)");
     }
     comm::device_mesh& mesh = device_mesh();
-    if (move_to_device) module.to(this->device_);
+    if (move_to_device) detail::move_module(module, this->device_);
     options_.parallelize_fn(module, mesh);
     // Units built under init_module(true) are gathered one at a time as the
     // engine (or, on one data-parallel rank, this) reaches them, each

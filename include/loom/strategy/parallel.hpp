@@ -40,7 +40,7 @@ struct parallel : strategy_base {
 
   module_state setup_module(torch::nn::Module& module, bool move_to_device = true) {
     (void)group();  // processes must exist before their modules do anything collective
-    if (move_to_device) module.to(device_);
+    if (move_to_device) detail::move_module(module, device_);
     return {};
   }
 

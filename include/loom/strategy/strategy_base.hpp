@@ -4,19 +4,19 @@
 #pragma once
 
 #include <loom/checkpoint/io.hpp>
-#include <loom/compat.hpp>
 #include <loom/checkpoint/state.hpp>
 #include <loom/comm/reduce_op.hpp>
+#include <loom/compat.hpp>
 #include <loom/concepts.hpp>
 #include <loom/concepts/compatibility_rules.hpp>
 #include <loom/errors.hpp>
 #include <loom/strategy/collectives.hpp>
 #include <loom/util/apply_to_collection.hpp>
 #include <loom/util/clip_gradients.hpp>
+#include <loom/util/module_fwd.hpp>
 #include <loom/util/no_context.hpp>
 
 #include <c10/core/Device.h>
-#include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
 #include <optional>
@@ -57,7 +57,7 @@ struct strategy_base {
   using module_state = no_module_state;
 
   module_state setup_module(torch::nn::Module& module, bool move_to_device = true) {
-    if (move_to_device) module.to(device_);
+    if (move_to_device) detail::move_module(module, device_);
     return {};
   }
 
@@ -88,7 +88,7 @@ struct strategy_base {
   // strategies reduce the norm over their shards.
   template <class State>
   std::optional<double> clip_gradients(State& /*state*/, torch::nn::Module& module, const clip_options& options) {
-    return detail::clip_gradient_values(module.parameters(), options);
+    return detail::clip_gradient_values(module, options);
   }
 
   // ------------------------------------------------------------ checkpoints

@@ -11,11 +11,10 @@
 #include <loom/strategy/unit_construction.hpp>
 #include <loom/util/apply_to_collection.hpp>
 #include <loom/util/held_module.hpp>
+#include <loom/util/module_fwd.hpp>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
-#include <torch/nn/module.h>
-#include <torch/nn/pimpl.h>
 
 #include <concepts>
 #include <functional>

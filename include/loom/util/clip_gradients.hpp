@@ -4,6 +4,7 @@
 #pragma once
 
 #include <loom/util/clip_options.hpp>
+#include <loom/util/module_fwd.hpp>
 
 #include <ATen/core/Tensor.h>
 
@@ -17,5 +18,7 @@ void check_clip_options(const clip_options& options);
 
 // Clips by value, or by norm and returns the total norm.
 std::optional<double> clip_gradient_values(std::vector<at::Tensor> parameters, const clip_options& options);
+// The same over a module's parameters.
+std::optional<double> clip_gradient_values(torch::nn::Module& module, const clip_options& options);
 
 }  // namespace loom::detail

@@ -2,8 +2,7 @@
 // shared_ptr to a torch::nn::Module subclass), and the module class behind it.
 #pragma once
 
-#include <torch/nn/module.h>
-#include <torch/nn/pimpl.h>
+#include <loom/util/module_fwd.hpp>
 
 #include <concepts>
 #include <memory>

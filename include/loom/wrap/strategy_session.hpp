@@ -5,11 +5,11 @@
 
 #include <loom/concepts/base.hpp>
 #include <loom/util/decided.hpp>
+#include <loom/util/module_fwd.hpp>
 #include <loom/wrap/module.hpp>
 #include <loom/wrap/optimizer.hpp>
 
 #include <c10/core/DeviceType.h>
-#include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
 #include <optional>
