@@ -10,7 +10,8 @@
 #   static_ddp:   bench/compile/static_ddp_user.cpp (the same with Fabric<cpu, ddp, bf16_mixed>)
 # Prints the median of REPEATS (default 3) runs per TU: CPU seconds (user +
 # system) of the compiler, which a loaded machine disturbs less than wall time,
-# and the wall time.
+# and the wall time; then the ratios of the medians (loom_hpp / torch_h: what
+# the umbrella header costs against LibTorch's own).
 # With BASELINE=/path/to/another/loom/checkout, loom_hpp and loom_minimal are
 # also compiled against that checkout's headers (base_loom_hpp,
 # base_loom_minimal), interleaved in the same rounds, and the ratios printed:
@@ -60,6 +61,9 @@ for tu in $tus; do
     "$(cut -d' ' -f1 "$work/$tu.times" | tr '\n' ' ')"
   eval "median_$tu=$cpu"
 done
+if [ -n "${median_torch_h:-}" ] && [ -n "${median_loom_hpp:-}" ]; then
+  awk -v a="$median_loom_hpp" -v b="$median_torch_h" 'BEGIN { printf "loom_hpp / torch_h = %.3f (goal <= 0.6)\n", a / b }'
+fi
 if [ -n "${median_torch_h:-}" ] && [ -n "${median_make_fabric:-}" ]; then
   awk -v a="$median_make_fabric" -v b="$median_torch_h" 'BEGIN { printf "make_fabric / torch_h = %.3f (goal <= 1.05)\n", a / b }'
 fi
