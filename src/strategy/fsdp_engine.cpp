@@ -201,8 +201,9 @@ struct fsdp_engine::impl : std::enable_shared_from_this<fsdp_engine::impl> {
     // SHARD_GRAD_OP keeps every unit's gathered storage between steps, so
     // all of the forward's gathers can be in flight at once at no memory
     // cost: the first unit then waits for its own gather only, and each
-    // later one finds its gather done or nearly (measured: ZeRO-1's forward
-    // 12.3 -> 10.5 ms, bench/zero_vs_torch.sh). FULL_SHARD keeps one ahead.
+    // later one finds its gather done or nearly (ZeRO-1's forward 12.3 ->
+    // 10.5 ms in loom-bench's split on 2 ranks; docs/deepspeed.md has the
+    // bench/zero_vs_torch.sh ratios). FULL_SHARD keeps one ahead.
     if (options.forward_prefetch && !forward_order.empty()) {
       if (options.strategy == sharding_strategy::shard_grad_op) {
         for (sharded_unit* unit : forward_order) gather_ahead(*unit, true);
