@@ -102,8 +102,11 @@ struct fsdp_engine::impl : std::enable_shared_from_this<fsdp_engine::impl> {
   at::Tensor& reduction_target(sharded_unit& unit) const noexcept {
     return reduces_apart(unit) ? unit.reduced : unit.grad_shard;
   }
+  // SHARD_GRAD_OP (ZeRO stages 1 and 2): each unit's gathered storage stays
+  // allocated from its forward to its backward and between steps.
+  bool keeps_gathered_storage() const noexcept { return options.strategy == sharding_strategy::shard_grad_op; }
   bool frees_after_forward(const sharded_unit& unit) const noexcept {
-    return comm.sharded() && unit.marker != nullptr && options.strategy != sharding_strategy::shard_grad_op;
+    return comm.sharded() && unit.marker != nullptr && !keeps_gathered_storage();
   }
 
   // ------------------------------------------------------------ gathering
@@ -132,7 +135,7 @@ struct fsdp_engine::impl : std::enable_shared_from_this<fsdp_engine::impl> {
   void release(sharded_unit& unit) {
     point_shard(unit);
     if (!comm.sharded() || unit.params.empty() || unit.sharding != sharded_state::gathered) return;
-    if (options.strategy != sharding_strategy::shard_grad_op) free_storage(unit.full);
+    if (!keeps_gathered_storage()) free_storage(unit.full);
     move_sharded(unit, sharded_state::gathered, sharded_state::sharded);
   }
   void finish_gather_and_release(sharded_unit& unit) {
@@ -198,14 +201,14 @@ struct fsdp_engine::impl : std::enable_shared_from_this<fsdp_engine::impl> {
         point_full(*unit);
       }
     }
-    // SHARD_GRAD_OP keeps every unit's gathered storage between steps, so
-    // all of the forward's gathers can be in flight at once at no memory
-    // cost: the first unit then waits for its own gather only, and each
+    // Where every unit's gathered storage stays between steps, all of the
+    // forward's gathers can be in flight at once at no memory cost: the
+    // first unit then waits for its own gather only, and each
     // later one finds its gather done or nearly (ZeRO-1's forward 12.3 ->
     // 10.5 ms in loom-bench's split on 2 ranks; docs/deepspeed.md has the
     // bench/zero_vs_torch.sh ratios). FULL_SHARD keeps one ahead.
     if (options.forward_prefetch && !forward_order.empty()) {
-      if (options.strategy == sharding_strategy::shard_grad_op) {
+      if (keeps_gathered_storage()) {
         for (sharded_unit* unit : forward_order) gather_ahead(*unit, true);
       } else {
         gather_ahead(*forward_order.front(), true);
