@@ -11,6 +11,8 @@
 
 #include "fsdp_model.hpp"
 
+#include <loom/strategy/fsdp_engine.hpp>  // the engines' own buffers, counted
+#include <loom/strategy/nvme_stream.hpp>
 #include <loom/util/counting_allocator.hpp>
 #include <loom/util/rss_peak.hpp>
 

@@ -233,10 +233,49 @@ def check_file(root, path):
     return problems, count
 
 
+# The engines behind the strategies, compiled in src/ and reached through
+# calls declared beside a forward declaration (ddp.hpp, fsdp_engine_calls.hpp,
+# parallel.hpp, deepspeed.hpp): the umbrella header reaches none of them, so
+# no program that includes it parses them (tests and benchmarks that read an
+# engine's own state include its header themselves).
+UMBRELLA = "loom/loom.hpp"
+ENGINE_INTERNALS = {"loom/launch/supervisor.hpp", "loom/strategy/ddp_engine.hpp", "loom/strategy/fsdp_engine.hpp",
+                    "loom/strategy/nvme_stream.hpp", "loom/strategy/zero_config.hpp",
+                    "loom/strategy/distributed_runtime.hpp"}
+
+
+def umbrella_reach(root):
+    """Every loom header <loom/loom.hpp> includes, directly or not, each with the header that includes it."""
+    reached, pending = {UMBRELLA: None}, [UMBRELLA]
+    while pending:
+        header = pending.pop()
+        with open(os.path.join(root, "include", header), encoding="utf-8") as text:
+            for line in text:
+                match = re.match(r"\s*#\s*include\s*<(loom/[^>]+)>", line)
+                if match and match.group(1) not in reached and \
+                        os.path.isfile(os.path.join(root, "include", match.group(1))):
+                    reached[match.group(1)] = header
+                    pending.append(match.group(1))
+    return reached
+
+
+def check_umbrella(root):
+    reached = umbrella_reach(root)
+    problems = []
+    for internal in sorted(ENGINE_INTERNALS & reached.keys()):
+        chain, header = [], internal
+        while header is not None:
+            chain.append(header)
+            header = reached[header]
+        problems.append(f"<{UMBRELLA}> reaches the engine header <{internal}> ({' <- '.join(chain)}): a strategy "
+                        f"header reaches its engine through calls compiled in src/, not through the engine's header")
+    return problems
+
+
 def main():
     root = sys.argv[1]
     write = "--write-doc" in sys.argv[2:]
-    problems = check_doc(root, write)
+    problems = check_doc(root, write) + check_umbrella(root)
     count = 0
     files = 0
     for path in sources(root):
@@ -249,7 +288,8 @@ def main():
     if problems:
         return 1
     print(f"check_layers: {count} includes of loom's own files in {files} files (include/, src/, tests/, bench/, "
-          f"examples/, tools/) follow the layer table, and {DOC} shows the table")
+          f"examples/, tools/) follow the layer table, and {DOC} shows the table; <{UMBRELLA}> reaches "
+          f"{len(umbrella_reach(root)) - 1} loom headers, no engine header")
     return 0
 
 

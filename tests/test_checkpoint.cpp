@@ -22,6 +22,7 @@
 #include <sys/stat.h>
 #include <loom/environment.hpp>
 #include <loom/loom.hpp>
+#include <loom/strategy/zero_config.hpp>  // the resolved DeepSpeed configuration
 #include <torch/optim/adam.h>
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adamw.h>

@@ -15,6 +15,7 @@
 #include <loom/runtime/register_strategy.hpp>
 #include <loom/runtime/registry.hpp>
 #include <loom/policy_names.hpp>
+#include <loom/strategy/fsdp_engine.hpp>  // the engine's units
 #include <loom/strategy/fsdp_options.hpp>
 
 #include <ATen/autocast_mode.h>

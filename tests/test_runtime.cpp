@@ -5,6 +5,7 @@
 #include "catch.hpp"
 #include <loom/any_fabric.hpp>
 #include <loom/loom.hpp>
+#include <loom/strategy/zero_config.hpp>  // the resolved DeepSpeed configuration
 #include <loom/runtime/connector.hpp>
 #include <loom/runtime/register_strategy.hpp>
 #include <loom/runtime/registry.hpp>

@@ -3,7 +3,13 @@
 // precision): configuration, setup, the NVMe stream's start, checkpoints.
 // Compiled once here, so a TU that includes <loom/loom.hpp> does not parse
 // it, nor the Adam and AdamW headers it reads an optimizer's options with.
+#include "zero_model.hpp"
+
 #include <loom/strategy/deepspeed.hpp>
+#include <loom/strategy/fsdp_engine.hpp>
+#include <loom/strategy/nvme_stream.hpp>
+#include <loom/strategy/zero_config.hpp>
+#include <loom/strategy/zero_loss_scaler.hpp>
 
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -20,48 +26,57 @@
 
 namespace loom {
 
+deepspeed::deepspeed(deepspeed_options options)
+    : sharded_parallel(options.process),
+      arguments_(std::move(options)),
+      config_(std::make_unique<zero_config>()) {}
+deepspeed::deepspeed(deepspeed&&) noexcept = default;
+deepspeed& deepspeed::operator=(deepspeed&&) noexcept = default;
+deepspeed::~deepspeed() = default;
+
 void deepspeed::setup_environment(const strategy_environment& environment) {
   sharded_parallel::setup_environment(environment);
-  config_ = resolve_zero_config(arguments_, precision_, world_size());
-  if (config_.fp16.enabled && !(precision_.mixed && precision_.half())) {
+  *config_ = resolve_zero_config(arguments_, precision_, world_size());
+  sixteen_bit_ = config_->bf16 || config_->fp16.enabled;
+  if (config_->fp16.enabled && !(precision_.mixed && precision_.half())) {
     throw configuration_error("deepspeed: fp16 (DeepSpeed's dynamic loss scaling) takes precision 16-mixed, not " +
                               std::string(precision_.name));
   }
-  if (config_.offload_param.device == offload_device::nvme) {
+  if (config_->offload_param.device == offload_device::nvme) {
     // ZeRO-Infinity: loom keeps each rank's parameter partition in the same
     // file as its optimizer state (one request per sub-group reads both).
-    if (config_.offload_optimizer.device != offload_device::nvme) {
+    if (config_->offload_optimizer.device != offload_device::nvme) {
       throw configuration_error("deepspeed: offload_param.device = \"nvme\" needs offload_optimizer.device = "
                                 "\"nvme\" too (loom streams each parameter partition with its optimizer state); "
                                 "set both, as deepspeed_stage_3_offload_nvme does");
     }
-    if (!config_.offload_param.nvme_path.empty() &&
-        config_.offload_param.nvme_path != config_.offload_optimizer.nvme_path) {
-      throw configuration_error("deepspeed: offload_param.nvme_path '" + config_.offload_param.nvme_path +
+    if (!config_->offload_param.nvme_path.empty() &&
+        config_->offload_param.nvme_path != config_->offload_optimizer.nvme_path) {
+      throw configuration_error("deepspeed: offload_param.nvme_path '" + config_->offload_param.nvme_path +
                                 "' differs from offload_optimizer.nvme_path '" +
-                                config_.offload_optimizer.nvme_path +
+                                config_->offload_optimizer.nvme_path +
                                 "'; loom keeps both in one file per rank: give them the same directory");
     }
   }
-  if (config_.offload_optimizer.device == offload_device::nvme) {
-    if (config_.fp16.enabled) {
+  if (config_->offload_optimizer.device == offload_device::nvme) {
+    if (config_->fp16.enabled) {
       throw configuration_error("deepspeed: NVMe optimizer offload under 16-mixed (fp32 masters on NVMe with "
                                 "DeepSpeed's loss scaler) is not built yet; it runs under 32-true, bf16-mixed and "
                                 "bf16-true");
     }
     // Before training starts: a missing or unwritable nvme_path is named now.
-    detail::nvme_stream::check_directory(config_.offload_optimizer.nvme_path);
+    detail::nvme_stream::check_directory(config_->offload_optimizer.nvme_path);
   }
   if (global_rank() == 0) {
-    for (const auto& notice : config_.notices) std::cerr << "loom deepspeed: notice: " << notice << '\n';
+    for (const auto& notice : config_->notices) std::cerr << "loom deepspeed: notice: " << notice << '\n';
   }
-  engine_options_ = engine_options(config_);
+  engine_options_ = engine_options(*config_);
 }
 
 auto deepspeed::construction_sharding() const -> std::optional<detail::construction_sharding> {
   auto sharding = construction_sharding_of(engine_options_);
-  if (sharding && config_.bf16) sharding->dtype = at::kBFloat16;
-  if (sharding && config_.fp16.enabled) sharding->dtype = at::kHalf;
+  if (sharding && config_->bf16) sharding->dtype = at::kBFloat16;
+  if (sharding && config_->fp16.enabled) sharding->dtype = at::kHalf;
   return sharding;
 }
 
@@ -78,7 +93,7 @@ auto deepspeed::setup_module_and_optimizers(torch::nn::Module& module,
     throw configuration_error("deepspeed: the optimizer has already stepped (it holds state for whole "
                               "parameters); set it up before its first step");
   }
-  if (!config_.zero_allow_untested_optimizer && !detail::fsdp_engine::knows_state_layout(optimizer)) {
+  if (!config_->zero_allow_untested_optimizer && !detail::fsdp_engine::knows_state_layout(optimizer)) {
     throw configuration_error("deepspeed: zero_allow_untested_optimizer is false and this optimizer is not one "
                               "loom has tested with ZeRO (SGD, Adam, AdamW, RMSprop, Adagrad)");
   }
@@ -86,8 +101,8 @@ auto deepspeed::setup_module_and_optimizers(torch::nn::Module& module,
   // bf16 and computed without autocast; each rank keeps an fp32 master of
   // its partition, which the optimizer steps (its state is fp32 too).
   // fp16 (16-mixed) the same in float16, under DeepSpeed's loss scaler.
-  const bool nvme = config_.offload_optimizer.device == offload_device::nvme;
-  if (!models_.empty() && (nvme || config_.fp16.enabled || config_.gradient_accumulation_steps > 1)) {
+  const bool nvme = config_->offload_optimizer.device == offload_device::nvme;
+  if (!models_.empty() && (nvme || config_->fp16.enabled || config_->gradient_accumulation_steps > 1)) {
     // backward(loss) cannot tell which model a loss belongs to, so it
     // cannot pick a model's loss scale or accumulation boundary; and each
     // rank's NVMe file holds one model's state.
@@ -95,23 +110,23 @@ auto deepspeed::setup_module_and_optimizers(torch::nn::Module& module,
         "deepspeed: a second model on one Fabric runs without fp16, gradient_accumulation_steps 1 and no NVMe "
         "offload (each model keeps its own loss scale, accumulation boundary and NVMe file, which backward(loss) "
         "cannot tell apart); this config has " +
-        std::string(config_.fp16.enabled ? "fp16" : nvme ? "NVMe offload" : "gradient_accumulation_steps = ") +
-        (config_.gradient_accumulation_steps > 1 && !config_.fp16.enabled && !nvme
-             ? std::to_string(config_.gradient_accumulation_steps)
+        std::string(config_->fp16.enabled ? "fp16" : nvme ? "NVMe offload" : "gradient_accumulation_steps = ") +
+        (config_->gradient_accumulation_steps > 1 && !config_->fp16.enabled && !nvme
+             ? std::to_string(config_->gradient_accumulation_steps)
              : std::string()));
   }
-  if (config_.bf16) to_floating(module, at::kBFloat16);
-  if (config_.fp16.enabled) to_floating(module, at::kHalf);
+  if (config_->bf16) to_floating(module, at::kBFloat16);
+  if (config_->fp16.enabled) to_floating(module, at::kHalf);
   if (move_to_device) module.to(device_);
   module_state engine = add_engine(module, group(), engine_options_);
   auto model = std::make_unique<zero_model>();
   model->module = &module;
   model->optimizer = &optimizer;
   model->engine = engine;
-  model->scaler = zero_loss_scaler(config_.fp16);
+  model->scaler = zero_loss_scaler(config_->fp16);
   if (nvme) start_nvme(*model, *engine);
   // (With the optimizer on NVMe the fp32 masters live in its file.)
-  if ((config_.bf16 || config_.fp16.enabled) && !model->nvme) {
+  if ((config_->bf16 || config_->fp16.enabled) && !model->nvme) {
     at::NoGradGuard no_grad;
     for (auto& group : optimizer.param_groups()) {
       for (auto& parameter : group.params()) {
@@ -126,20 +141,20 @@ auto deepspeed::setup_module_and_optimizers(torch::nn::Module& module,
 }
 
 void deepspeed::zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none) {
-  if (model_of(optimizer).micro_steps % config_.gradient_accumulation_steps == 0) {
+  if (model_of(optimizer).micro_steps % config_->gradient_accumulation_steps == 0) {
     sharded_parallel::zero_grad(optimizer, set_to_none);
   }
 }
 
 auto deepspeed::no_backward_sync(module_state& engine, bool enabled) -> fsdp_no_sync_guard {
-  if (enabled && (config_.offload_optimizer.device != offload_device::none ||
-                  config_.offload_param.device != offload_device::none)) {
+  if (enabled && (config_->offload_optimizer.device != offload_device::none ||
+                  config_->offload_param.device != offload_device::none)) {
     throw configuration_error(std::string("no_backward_sync: strategy 'deepspeed' with offloading: ") +
                               detail::offload_refusal_reason);
   }
-  if (enabled && config_.gradient_accumulation_steps > 1) {
+  if (enabled && config_->gradient_accumulation_steps > 1) {
     throw configuration_error("deepspeed: no_backward_sync with gradient_accumulation_steps = " +
-                              std::to_string(config_.gradient_accumulation_steps) +
+                              std::to_string(config_->gradient_accumulation_steps) +
                               ": the config accumulates already (reductions run on its boundary micro-batches "
                               "only); use one of the two");
   }
@@ -153,8 +168,8 @@ void deepspeed::save_checkpoint(const std::string& path, const state& checkpoint
                               "save, then filter the consolidated file (loom-run consolidate)");
   }
   deepspeed_layout layout;
-  layout.module_sharded = config_.stage == 3;
-  layout.bf16 = config_.bf16;
+  layout.module_sharded = config_->stage == 3;
+  layout.bf16 = config_->bf16;
   state saved = checkpoint;
   std::map<const void*, std::string> names;  // parameter -> its name in the checkpoint's modules
   layout.shards = detail::sharded_save_layout(checkpoint, engines_.entries(), "deepspeed", &names);
@@ -167,7 +182,7 @@ void deepspeed::save_checkpoint(const std::string& path, const state& checkpoint
     }
     // DeepSpeed's exclude_frozen_parameters: the module states leave out
     // parameters that do not require grad (load such a save with strict=false).
-    if (config_.exclude_frozen_parameters && !frozen.empty()) {
+    if (config_->exclude_frozen_parameters && !frozen.empty()) {
       layout.filter[entry.name()] = [frozen](std::string_view key, const at::Tensor&) {
         return frozen.count(std::string(key)) == 0;
       };
@@ -177,7 +192,7 @@ void deepspeed::save_checkpoint(const std::string& path, const state& checkpoint
   // partitions (bf16/fp16: the weights themselves at full precision, in the
   // optim-states files as DeepSpeed keeps them), the loss scaler and the
   // micro-step count (the accumulation boundary).
-  if (any_masters() || (nvme_owner() != nullptr && config_.bf16)) {
+  if (any_masters() || (nvme_owner() != nullptr && config_->bf16)) {
     c10::impl::GenericDict masters(c10::StringType::get(), c10::TensorType::get());
     for (const auto& [parameter, master] : master_partitions()) {
       auto name = names.find(parameter.unsafeGetTensorImpl());
@@ -187,10 +202,10 @@ void deepspeed::save_checkpoint(const std::string& path, const state& checkpoint
     layout.partition_entries.insert(std::string(masters_key));
   }
   // (fp16 and accumulation take one model: setup refuses a second.)
-  if (config_.fp16.enabled && !models_.empty()) {
+  if (config_->fp16.enabled && !models_.empty()) {
     saved.set(std::string(scaler_key), models_.front()->scaler.state_dict());
   }
-  if (config_.gradient_accumulation_steps > 1 && !models_.empty()) {
+  if (config_->gradient_accumulation_steps > 1 && !models_.empty()) {
     saved.set(std::string(micro_steps_key), c10::IValue(models_.front()->micro_steps));
   }
   // NVMe: the optimizer's state is read back from the file into the
@@ -223,7 +238,7 @@ state deepspeed::load_checkpoint(const std::string& path, const state& checkpoin
     throw std::logic_error("deepspeed: the NVMe-offloaded optimizer holds state in memory");
   }
   std::optional<optimizer_state_dtype> fp32_state;
-  if (config_.bf16 || config_.fp16.enabled) fp32_state.emplace(at::kFloat);  // the state of fp32 masters
+  if (config_->bf16 || config_->fp16.enabled) fp32_state.emplace(at::kFloat);  // the state of fp32 masters
   state rest = load_state(path, checkpoint, strict);
   fp32_state.reset();
   at::NoGradGuard no_grad;
@@ -241,12 +256,12 @@ state deepspeed::load_checkpoint(const std::string& path, const state& checkpoin
   }
   // With the masters on NVMe: read (the loaded weights, as the engine
   // stored them), overwritten from the save, written back below.
-  std::vector<master_slot> on_file;
+  std::vector<zero_model::master_slot> on_file;
   std::vector<at::Tensor> file_segments;
-  if (nvme_model != nullptr && config_.bf16) {
+  if (nvme_model != nullptr && config_->bf16) {
     for (std::size_t s = 0; s < nvme_model->nvme_segments.size(); ++s) {
       at::Tensor segment = at::empty({nvme_model->nvme_segments[s].numel()}, at::kFloat);
-      if (config_.offload_param.device == offload_device::nvme) nvme_model->nvme->load_shard(s, segment);
+      if (config_->offload_param.device == offload_device::nvme) nvme_model->nvme->load_shard(s, segment);
       else segment.copy_(nvme_model->nvme_segments[s]);
       file_segments.push_back(segment);
     }
@@ -255,7 +270,7 @@ state deepspeed::load_checkpoint(const std::string& path, const state& checkpoin
       on_file.push_back({parameter, file_segments[s].narrow(0, offset, parameter.numel()), {}, {}});
     }
   }
-  std::vector<master_slot*> slots;
+  std::vector<zero_model::master_slot*> slots;
   if (nvme_model != nullptr) {
     for (auto& m : on_file) slots.push_back(&m);
   } else {
@@ -263,8 +278,8 @@ state deepspeed::load_checkpoint(const std::string& path, const state& checkpoin
       for (auto& m : model->masters) slots.push_back(&m);
     }
   }
-  for (master_slot* slot : slots) {
-    master_slot& m = *slot;
+  for (zero_model::master_slot* slot : slots) {
+    zero_model::master_slot& m = *slot;
     if (m.master.numel() == 0) continue;  // no slice of this parameter on this rank
     // The load read this rank's part of the saved master (keyed by parameter name).
     at::Tensor part;
@@ -286,7 +301,7 @@ state deepspeed::load_checkpoint(const std::string& path, const state& checkpoin
   // (fp16 and accumulation take one model: setup refuses a second.)
   if (!models_.empty()) {
     zero_model& model = *models_.front();
-    if (config_.fp16.enabled && rest.contains(scaler_key)) model.scaler.load_state_dict(rest.get<c10::IValue>(scaler_key));
+    if (config_->fp16.enabled && rest.contains(scaler_key)) model.scaler.load_state_dict(rest.get<c10::IValue>(scaler_key));
     if (rest.contains(micro_steps_key)) model.micro_steps = rest.get<std::int64_t>(micro_steps_key);
   }
   for (std::string_view key : {masters_key, scaler_key, micro_steps_key}) rest.erase(key);
@@ -295,6 +310,38 @@ state deepspeed::load_checkpoint(const std::string& path, const state& checkpoin
     nvme_model->optimizer->state().clear();
   }
   return rest;
+}
+
+std::optional<double> deepspeed::clip_gradients(module_state& engine, torch::nn::Module& module,
+                                                const clip_options& options) {
+  if (config_->gradient_clipping > 0) {
+    throw configuration_error("deepspeed: fabric.clip_gradients and the config's gradient_clipping = " +
+                              std::to_string(config_->gradient_clipping) +
+                              " would both clip; use one (the config clips inside optimizer.step())");
+  }
+  return sharded_parallel::clip_gradients(engine, module, options);
+}
+
+std::int64_t deepspeed::micro_steps(const torch::optim::Optimizer& optimizer) const {
+  return model_of(optimizer).micro_steps;
+}
+
+std::int64_t deepspeed::micro_steps() const noexcept { return models_.empty() ? 0 : models_.front()->micro_steps; }
+
+const zero_loss_scaler& deepspeed::loss_scaler() const noexcept {
+  static const zero_loss_scaler none;
+  return models_.empty() ? none : models_.front()->scaler;
+}
+
+const detail::nvme_stream* deepspeed::nvme() const noexcept {
+  const zero_model* owner = nvme_owner();
+  return owner == nullptr ? nullptr : owner->nvme.get();
+}
+
+std::int64_t deepspeed::master_bytes() const noexcept {
+  std::int64_t total = 0;
+  for (const auto& t : master_tensors()) total += static_cast<std::int64_t>(t.numel()) * 4;
+  return total;
 }
 
 auto deepspeed::master_tensors() const -> std::vector<at::Tensor> {
@@ -345,18 +392,18 @@ void deepspeed::start_nvme(zero_model& model, detail::fsdp_engine& engine) {
     gradients.push_back(gradient);
   }
   model.nvme_segments = parameters;
-  const auto& offload = config_.offload_optimizer;
+  const auto& offload = config_->offload_optimizer;
   model.nvme = std::make_unique<detail::nvme_stream>(
       detail::nvme_stream_options{.directory = offload.nvme_path,
                                   .rank = global_rank(),
-                                  .sub_group_size = config_.sub_group_size,
+                                  .sub_group_size = config_->sub_group_size,
                                   .buffer_count = static_cast<int>(offload.buffer_count),
-                                  .queue_depth = static_cast<int>(config_.aio.queue_depth),
-                                  .block_size = config_.aio.block_size,
-                                  .parameters = config_.offload_param.device == offload_device::nvme,
-                                  .masters = config_.bf16},
+                                  .queue_depth = static_cast<int>(config_->aio.queue_depth),
+                                  .block_size = config_->aio.block_size,
+                                  .parameters = config_->offload_param.device == offload_device::nvme,
+                                  .masters = config_->bf16},
       std::move(parameters), std::move(gradients));
-  if (config_.offload_param.device == offload_device::nvme) engine.set_shard_store(model.nvme.get());
+  if (config_->offload_param.device == offload_device::nvme) engine.set_shard_store(model.nvme.get());
 }
 
 auto deepspeed::hyper_of(torch::optim::Optimizer& optimizer) -> detail::adam_hyper {
@@ -419,7 +466,7 @@ auto deepspeed::nvme_state_from(const zero_model& model) -> detail::adam_partiti
 }
 
 state deepspeed::load_state(const std::string& path, const state& checkpoint, bool strict) {
-  if (!config_.load_full_weights) return sharded_parallel::load_checkpoint(path, checkpoint, strict);
+  if (!config_->load_full_weights) return sharded_parallel::load_checkpoint(path, checkpoint, strict);
   if (std::filesystem::is_directory(path)) {
     throw configuration_error("deepspeed: load_full_weights=True loads one full checkpoint file (a full save, or "
                               "loom-run consolidate's output); " + path + " is a directory");
@@ -430,20 +477,6 @@ state deepspeed::load_state(const std::string& path, const state& checkpoint, bo
   }
   (void)sharded_parallel::load_checkpoint(path, modules, strict);
   return {};
-}
-
-void deepspeed::clip_masters(zero_model& model, double max_norm) {
-  std::vector<at::Tensor> gradients;
-  for (auto& m : model.masters) gradients.push_back(m.param.grad());
-  detail::scale_gradients(gradients, clip_coefficient(gradients, max_norm));
-}
-
-double deepspeed::clip_coefficient(const std::vector<at::Tensor>& gradients, double max_norm) {
-  const bool partitioned = config_.stage > 0 && world_size() > 1;
-  detail::gradient_norm norm(2.0, partitioned ? group().device() : c10::Device(c10::DeviceType::CPU));
-  for (const auto& gradient : gradients) norm.add(gradient);
-  if (partitioned) norm.reduce_over(group());
-  return detail::clip_coefficient(norm.value(), clip_options{.max_norm = max_norm});
 }
 
 auto deepspeed::preset(deepspeed_options options, int stage, bool offload_optimizer, bool offload_parameters,
@@ -491,6 +524,17 @@ auto deepspeed::model_of(const torch::optim::Optimizer& optimizer) const -> zero
   }
   throw configuration_error("deepspeed: this optimizer was not set up with a model (fabric.setup(module, "
                             "optimizer)); step and zero_grad the optimizer fabric.setup returned");
+}
+
+auto deepspeed::nvme_owner() const noexcept -> zero_model* {
+  return models_.size() == 1 && models_.front()->nvme ? models_.front().get() : nullptr;
+}
+
+bool deepspeed::any_masters() const noexcept {
+  for (const auto& model : models_) {
+    if (!model->masters.empty()) return true;
+  }
+  return false;
 }
 
 deepspeed::nvme_state_in_optimizer::nvme_state_in_optimizer(const zero_model& owner) : optimizer(*owner.optimizer) {

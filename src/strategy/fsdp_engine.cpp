@@ -650,4 +650,11 @@ std::int64_t fsdp_engine::held_bytes() const {
   return total;
 }
 
+// The strategies' calls (fsdp_engine_calls.hpp).
+void root_pre_forward(fsdp_engine& engine) { engine.root_pre_forward(); }
+void root_watch_output(fsdp_engine& engine, const at::Tensor& output) { engine.root_watch_output(output); }
+void root_post_forward(fsdp_engine& engine) { engine.root_post_forward(); }
+bool sync_enabled(const fsdp_engine& engine) noexcept { return engine.sync_enabled(); }
+void set_sync_enabled(fsdp_engine& engine, bool enabled) noexcept { engine.set_sync_enabled(enabled); }
+
 }  // namespace loom::detail

@@ -1,6 +1,8 @@
 // The compiled part of the sharded strategies' shared base.
 #include <loom/checkpoint/io.hpp>
 #include <loom/errors.hpp>
+#include <loom/strategy/distributed_runtime.hpp>
+#include <loom/strategy/fsdp_engine.hpp>
 #include <loom/strategy/placement.hpp>
 #include <loom/strategy/sharded_parallel.hpp>
 
@@ -42,7 +44,7 @@ std::optional<detail::construction_sharding> sharded_parallel::construction_shar
   const bool shards =
       options.strategy == sharding_strategy::full_shard || options.strategy == sharding_strategy::hybrid_shard;
   if (!shards || world_size() < 2) return std::nullopt;
-  return detail::construction_sharding{&runtime_pointer()->group(), options.sync_module_states};
+  return detail::construction_sharding{&world_group(), options.sync_module_states};
 }
 
 void sharded_parallel::save_full_or_sharded(bool full, std::string_view strategy, std::string_view to_filter,
@@ -62,9 +64,12 @@ void sharded_parallel::save_full_or_sharded(bool full, std::string_view strategy
                           detail::sharded_save_layout(checkpoint, engines_.entries(), strategy), group());
 }
 
-void sharded_parallel::refuse_no_sync_with_offload() {
-  throw configuration_error(std::string("no_backward_sync: the sharding engine offloads its shards to the CPU: ") +
-                            detail::offload_refusal_reason);
+fsdp_no_sync_guard sharded_parallel::no_backward_sync(module_state& engine, bool enabled) {
+  if (enabled && engine && engine->cpu_offload()) {
+    throw configuration_error(std::string("no_backward_sync: the sharding engine offloads its shards to the CPU: ") +
+                              detail::offload_refusal_reason);
+  }
+  return fsdp_no_sync_guard(engine.get(), enabled);
 }
 
 }  // namespace loom

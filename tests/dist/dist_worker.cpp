@@ -8,6 +8,7 @@
 
 #include <loom/environment.hpp>
 #include <loom/loom.hpp>
+#include <loom/strategy/distributed_runtime.hpp>  // the cluster a rank reports
 
 #include <c10/core/CPUAllocator.h>
 

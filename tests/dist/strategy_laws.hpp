@@ -11,6 +11,8 @@
 
 #include <loom/environment.hpp>
 #include <loom/loom.hpp>
+#include <loom/strategy/ddp_engine.hpp>   // the laws read the engines' own counters
+#include <loom/strategy/fsdp_engine.hpp>
 
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/loss.h>

@@ -5,6 +5,9 @@
 // what each stage keeps per rank. `zero_worker laws N` starts N ranks itself.
 #include "law_models.hpp"
 
+#include <loom/strategy/nvme_stream.hpp>  // the NVMe stream's counters
+#include <loom/strategy/zero_config.hpp>  // the resolved DeepSpeed configuration
+
 #include <ATen/core/grad_mode.h>
 #include <torch/optim/adamw.h>
 

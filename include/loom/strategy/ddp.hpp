@@ -5,7 +5,7 @@
 #pragma once
 
 #include <loom/compat.hpp>
-#include <loom/strategy/ddp_engine.hpp>
+#include <loom/strategy/ddp_options.hpp>
 #include <loom/strategy/live_engines.hpp>
 #include <loom/strategy/no_sync_guard.hpp>
 #include <loom/strategy/parallel.hpp>
@@ -16,6 +16,14 @@
 #include <vector>
 
 namespace loom {
+
+namespace detail {
+// c10d's Reducer driven from C++ (ddp_engine.hpp, compiled in src/): the
+// strategy reaches it through the calls below.
+class ddp_engine;
+bool sync_enabled(const ddp_engine& engine) noexcept;
+void set_sync_enabled(ddp_engine& engine, bool enabled) noexcept;
+}  // namespace detail
 
 // The guard of fabric.no_backward_sync under DDP: backward passes inside it
 // accumulate gradients locally; the next synced one reduces the sum.
@@ -33,56 +41,35 @@ struct ddp : parallel {
       : parallel(options.process),
         options_(options) {}
 
-  module_state setup_module(torch::nn::Module& module, bool move_to_device = true) {
-    comm::process_group& world = this->group();
-    if (move_to_device) detail::move_module(module, this->device_);
-    auto engine = std::make_shared<detail::ddp_engine>(module, world, options_);
-    engines_.add(engine);
-    return engine;
-  }
+  module_state setup_module(torch::nn::Module& module, bool move_to_device = true);
 
   // Collectives the gradient engines of this strategy's live modules have
   // issued: one per bucket per synchronised backward (and, once per module,
   // the broadcast of its rebuilt bucket order). What accumulation under
   // no_backward_sync saves can be counted with it.
-  std::uint64_t gradient_collectives() const {
-    std::uint64_t total = 0;
-    engines_.for_each([&](detail::ddp_engine& engine) { total += engine.collectives_issued(); });
-    return total;
-  }
+  std::uint64_t gradient_collectives() const;
   // The same collectives as the watchdog's recorder saw them (what proves
   // that the Reducer's all-reduces go through it).
-  std::uint64_t gradient_collectives_recorded() const {
-    std::uint64_t total = 0;
-    engines_.for_each([&](detail::ddp_engine& engine) { total += engine.collectives_recorded(); });
-    return total;
-  }
+  std::uint64_t gradient_collectives_recorded() const;
   // Gradient buckets over the strategy's live modules.
-  std::size_t gradient_buckets() const {
-    std::size_t total = 0;
-    engines_.for_each([&](detail::ddp_engine& engine) { total += engine.bucket_count(); });
-    return total;
-  }
+  std::size_t gradient_buckets() const;
 
   template <class Forward>
   auto forward(module_state& engine, torch::nn::Module& /*module*/, Forward&& run) {
-    engine->before_forward();
+    before_forward(*engine);
     auto output = std::forward<Forward>(run)();
     std::vector<at::Tensor>& tensors = scratch_;
     tensors.clear();
-    if (engine->options().find_unused_parameters) {
+    if (options_.find_unused_parameters) {
       for_each_tensor(output, [&tensors](const at::Tensor& t) { tensors.push_back(t); });
     }
-    engine->after_forward(tensors);
-    if (engine->needs_static_graph_sink()) {
-      bool done = false;
-      return apply_to_collection(std::move(output), [&](const at::Tensor& t) {
-        if (done || !t.requires_grad()) return t;
-        done = true;
-        return engine->static_graph_sink(t);
-      });
-    }
-    return output;
+    if (!after_forward(*engine, tensors)) return output;
+    bool done = false;
+    return apply_to_collection(std::move(output), [&](const at::Tensor& t) {
+      if (done || !t.requires_grad()) return t;
+      done = true;
+      return static_graph_sink(*engine, t);
+    });
   }
 
   ddp_no_sync_guard no_backward_sync(module_state& engine, bool enabled = true) {
@@ -100,6 +87,13 @@ struct ddp : parallel {
   const ddp_options& options() const noexcept { return options_; }
 
  private:
+  // The engine's side of forward (ddp_engine.hpp): before_forward, then
+  // after_forward, which returns whether a static graph's first step needs
+  // one differentiable output passed through static_graph_sink.
+  static void before_forward(detail::ddp_engine& engine);
+  static bool after_forward(detail::ddp_engine& engine, const std::vector<at::Tensor>& outputs);
+  static at::Tensor static_graph_sink(detail::ddp_engine& engine, const at::Tensor& output);
+
   ddp_options options_;
   std::vector<at::Tensor> scratch_;  // outputs handed to the reducer, reused every step
   detail::live_engines<detail::ddp_engine> engines_;  // for the counters above

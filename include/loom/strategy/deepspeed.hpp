@@ -9,17 +9,11 @@
 #pragma once
 
 #include <loom/compat.hpp>
-#include <loom/errors.hpp>
 #include <loom/strategy/deepspeed_options.hpp>
 #include <loom/strategy/fsdp_options.hpp>
-#include <loom/strategy/gradient_norm.hpp>
-#include <loom/strategy/nvme_stream.hpp>
 #include <loom/strategy/sharded_parallel.hpp>
-#include <loom/strategy/zero_config.hpp>
-#include <loom/strategy/zero_loss_scaler.hpp>
 #include <loom/util/autocast_guard.hpp>
-
-#include <ATen/core/grad_mode.h>
+#include <loom/util/function_ref.hpp>
 
 #include <cstdint>
 #include <memory>
@@ -27,9 +21,21 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace loom {
+
+// The resolved configuration (zero_config.hpp) and DeepSpeed's loss scaler
+// (zero_loss_scaler.hpp), each in its header; the engine's per-model state,
+// the NVMe stream and the step are compiled in src/strategy/.
+struct zero_config;
+class zero_loss_scaler;
+namespace detail {
+class nvme_stream;
+struct adam_hyper;
+struct adam_partition_state;
+}  // namespace detail
 
 struct deepspeed : sharded_parallel {
   static constexpr std::string_view name = "deepspeed";
@@ -40,31 +46,18 @@ struct deepspeed : sharded_parallel {
   static constexpr bool needs_joint_setup = true;
 
  private:
-  // bf16: a parameter (its data the bf16 partition between steps) and its
-  // fp32 master; low and low_grad hold the bf16 tensors during a step.
-  struct master_slot {
-    at::Tensor param, master, low, low_grad;
-  };
   // What DeepSpeed's engine keeps per model (one engine each: a GAN sets up
   // two on one Fabric): the micro-step count (the accumulation boundary),
   // the fp32 masters (bf16, fp16), the loss scaler (fp16), the NVMe stream.
-  struct zero_model {
-    const torch::nn::Module* module = nullptr;
-    torch::optim::Optimizer* optimizer = nullptr;
-    std::weak_ptr<detail::fsdp_engine> engine;
-    std::int64_t micro_steps = 0;
-    std::vector<master_slot> masters;
-    zero_loss_scaler scaler;
-    std::unique_ptr<detail::nvme_stream> nvme;
-    std::vector<at::Tensor> nvme_segments;  // the stream's partitions, in order
-  };
+  // Defined in src/strategy/zero_model.hpp.
+  struct zero_model;
 
  public:
-
   deepspeed() : deepspeed(deepspeed_options{}) {}
-  explicit deepspeed(deepspeed_options options)
-      : sharded_parallel(options.process),
-        arguments_(std::move(options)) {}
+  explicit deepspeed(deepspeed_options options);
+  deepspeed(deepspeed&&) noexcept;
+  deepspeed& operator=(deepspeed&&) noexcept;
+  ~deepspeed();
 
   // The configuration is resolved once the world size is known (the batch
   // sizes are checked against it); its notices are printed by rank 0.
@@ -86,7 +79,7 @@ struct deepspeed : sharded_parallel {
   // (what DeepSpeed does); otherwise as FSDP.
   template <class Forward>
   auto forward(module_state& engine, torch::nn::Module& module, Forward&& run) {
-    if (!config_.bf16 && !config_.fp16.enabled) {
+    if (!sixteen_bit_) {
       return sharded_parallel::forward(engine, module, std::forward<Forward>(run));
     }
     // Off on the device the module computes on (cuda:N on a GPU), as
@@ -104,61 +97,14 @@ struct deepspeed : sharded_parallel {
   // bf16, one micro-batch per step).
   template <class P>
   void backward(P& precision, const at::Tensor& loss) {
-    const std::int64_t k = config_.gradient_accumulation_steps;
-    if ((k == 1 && !config_.fp16.enabled) || models_.empty()) {
-      precision.backward(loss);
-      return;
-    }
-    zero_model& model = *models_.front();
-    auto run = [&](const at::Tensor& scaled) {
-      if (config_.fp16.enabled) model.scaler.scale_loss(scaled).backward();
-      else precision.backward(scaled);
-    };
-    if (k == 1) {
-      run(loss);
-      return;
-    }
-    const bool boundary = (model.micro_steps + 1) % k == 0;
-    auto engine = model.engine.lock();
-    engine->set_sync_enabled(boundary);
-    try {
-      run(loss / static_cast<double>(k));
-    } catch (...) {
-      engine->set_sync_enabled(true);
-      throw;
-    }
-    engine->set_sync_enabled(true);
+    backward_with(loss, [&precision](const at::Tensor& scaled) { precision.backward(scaled); });
   }
 
   // DeepSpeed's engine.step: counts the micro-batch; on the boundary clips
   // (gradient_clipping) and steps this rank's partition.
   template <class P>
   void optimizer_step(P& precision, torch::optim::Optimizer& optimizer, optimizer_slot slot) {
-    zero_model& model = model_of(optimizer);
-    ++model.micro_steps;
-    if (model.micro_steps % config_.gradient_accumulation_steps != 0) return;
-    if (!model.masters.empty()) {
-      step_masters(model, precision, optimizer, slot);
-      return;
-    }
-    // bf16 with the masters on NVMe: the stream scales the fp32 gradients
-    // by the clipping coefficient, as the in-memory masters' step does.
-    if (model.nvme && config_.bf16) {
-      std::vector<at::Tensor> gradients;
-      for (auto& parameter : optimizer.param_groups().front().params()) {
-        if (parameter.is_floating_point()) gradients.push_back(parameter.grad());
-      }
-      const double coefficient =
-          config_.gradient_clipping > 0 ? clip_coefficient(gradients, config_.gradient_clipping) : 1.0;
-      model.nvme->step(hyper_of(optimizer), coefficient);
-      return;
-    }
-    if (config_.gradient_clipping > 0) {
-      if (auto engine = model.engine.lock()) engine->clip_gradients(clip_options{.max_norm = config_.gradient_clipping});
-    }
-    // With the optimizer's state on NVMe its step is streamed (Adam's math, sub-group by sub-group).
-    if (model.nvme) model.nvme->step(hyper_of(optimizer));
-    else precision.optimizer_step(optimizer, slot);
+    step_with(optimizer, [&precision, &optimizer, slot] { precision.optimizer_step(optimizer, slot); });
   }
 
   // Acts right after the model's boundary step only (between micro-batches
@@ -167,14 +113,7 @@ struct deepspeed : sharded_parallel {
 
   // Lightning raises here; loom clips (the norm over every partition) unless
   // the config clips already.
-  std::optional<double> clip_gradients(module_state& engine, torch::nn::Module& module, const clip_options& options) {
-    if (config_.gradient_clipping > 0) {
-      throw configuration_error("deepspeed: fabric.clip_gradients and the config's gradient_clipping = " +
-                                std::to_string(config_.gradient_clipping) +
-                                " would both clip; use one (the config clips inside optimizer.step())");
-    }
-    return sharded_parallel::clip_gradients(engine, module, options);
-  }
+  std::optional<double> clip_gradients(module_state& engine, torch::nn::Module& module, const clip_options& options);
 
   fsdp_no_sync_guard no_backward_sync(module_state& engine, bool enabled = true);
 
@@ -195,29 +134,19 @@ struct deepspeed : sharded_parallel {
   // the optimizer state on NVMe, the loaded state is written to the file.
   state load_checkpoint(const std::string& path, const state& checkpoint, bool strict);
 
-  const zero_config& config() const noexcept { return config_; }
+  const zero_config& config() const noexcept { return *config_; }
   const deepspeed_options& arguments() const noexcept { return arguments_; }
   // Micro-batches stepped so far by the model whose optimizer this is
   // (DeepSpeed's micro_steps: each model counts its own).
-  std::int64_t micro_steps(const torch::optim::Optimizer& optimizer) const { return model_of(optimizer).micro_steps; }
+  std::int64_t micro_steps(const torch::optim::Optimizer& optimizer) const;
   // ... of the first model set up (0 before any).
-  std::int64_t micro_steps() const noexcept { return models_.empty() ? 0 : models_.front()->micro_steps; }
+  std::int64_t micro_steps() const noexcept;
   // DeepSpeed's loss scaler (fp16, which takes one model).
-  const zero_loss_scaler& loss_scaler() const noexcept {
-    static const zero_loss_scaler none;
-    return models_.empty() ? none : models_.front()->scaler;
-  }
+  const zero_loss_scaler& loss_scaler() const noexcept;
   // The NVMe optimizer stream (offload_optimizer.device "nvme"), or nullptr.
-  const detail::nvme_stream* nvme() const noexcept {
-    const zero_model* owner = nvme_owner();
-    return owner == nullptr ? nullptr : owner->nvme.get();
-  }
+  const detail::nvme_stream* nvme() const noexcept;
   // Bytes of the fp32 master partitions of every model (bf16 mode).
-  std::int64_t master_bytes() const noexcept {
-    std::int64_t total = 0;
-    for (const auto& t : master_tensors()) total += static_cast<std::int64_t>(t.numel()) * 4;
-    return total;
-  }
+  std::int64_t master_bytes() const noexcept;
   std::vector<at::Tensor> master_tensors() const;
   // Each floating parameter of the optimizers with its fp32 master partition
   // (from memory, or read from the NVMe file).
@@ -240,58 +169,19 @@ struct deepspeed : sharded_parallel {
   static detail::adam_partition_state nvme_state_from(const zero_model& model);
   // For a save: the state file read back into the optimizer as Adam's (or
   // AdamW's) per-parameter state, and dropped again when the save is done.
-  struct nvme_state_in_optimizer {
-    explicit nvme_state_in_optimizer(const zero_model& owner);
-    nvme_state_in_optimizer(const nvme_state_in_optimizer&) = delete;
-    nvme_state_in_optimizer& operator=(const nvme_state_in_optimizer&) = delete;
-    ~nvme_state_in_optimizer() { optimizer.state().clear(); }
-    torch::optim::Optimizer& optimizer;
-  };
+  struct nvme_state_in_optimizer;
 
   state load_state(const std::string& path, const state& checkpoint, bool strict);
 
+  // The step's body, compiled once (deepspeed_step.cpp): the precision's own
+  // backward and optimizer step come in as calls (one indirect call each, no
+  // allocation), so a Fabric's instantiation is only the forwarding above.
+  void backward_with(const at::Tensor& loss, function_ref<void(const at::Tensor&)> precision_backward);
+  void step_with(torch::optim::Optimizer& optimizer, function_ref<void()> precision_step);
   // bf16: the optimizer steps the fp32 masters with the gradients in fp32
   // (reduced in fp32 already), clipped there; the result is cast back into
   // the bf16 partition.
-  template <class P>
-  void step_masters(zero_model& model, P& precision, torch::optim::Optimizer& optimizer, optimizer_slot slot) {
-    at::NoGradGuard no_grad;
-    for (auto& m : model.masters) {
-      m.low = m.param.detach();
-      m.low_grad = m.param.grad();
-      m.param.set_data(m.master);
-      m.param.mutable_grad() = m.low_grad.defined() ? m.low_grad.to(at::kFloat) : at::Tensor();
-    }
-    auto restore = [&] {
-      for (auto& m : model.masters) {
-        m.param.set_data(m.low);
-        m.param.mutable_grad() = m.low_grad;
-        m.low = at::Tensor();
-        m.low_grad = at::Tensor();
-      }
-    };
-    try {
-      if (config_.fp16.enabled) {
-        // DeepSpeed: unscale, skip the step if any rank overflowed, clip, step, update the scale.
-        const bool overflow = model.scaler.unscale_and_check(optimizer, &group());
-        if (!overflow) {
-          if (config_.gradient_clipping > 0) clip_masters(model, config_.gradient_clipping);
-          optimizer.step();
-        }
-        model.scaler.update(overflow);
-        (void)precision;
-        (void)slot;
-      } else {
-        if (config_.gradient_clipping > 0) clip_masters(model, config_.gradient_clipping);
-        precision.optimizer_step(optimizer, slot);
-      }
-    } catch (...) {
-      restore();
-      throw;
-    }
-    for (auto& m : model.masters) m.low.copy_(m.master);
-    restore();
-  }
+  void step_masters(zero_model& model, function_ref<void()> precision_step);
   // The norm over every rank's fp32 gradient partitions.
   void clip_masters(zero_model& model, double max_norm);
   // The config's gradient_clipping (DeepSpeed's: the 2-norm) over every
@@ -309,18 +199,13 @@ struct deepspeed : sharded_parallel {
   // The model an optimizer was set up with (one optimizer per model).
   zero_model& model_of(const torch::optim::Optimizer& optimizer) const;
   // The model with an NVMe stream (which takes one model per Fabric), or nullptr.
-  zero_model* nvme_owner() const noexcept {
-    return models_.size() == 1 && models_.front()->nvme ? models_.front().get() : nullptr;
-  }
-  bool any_masters() const noexcept {
-    for (const auto& model : models_) {
-      if (!model->masters.empty()) return true;
-    }
-    return false;
-  }
+  zero_model* nvme_owner() const noexcept;
+  bool any_masters() const noexcept;
 
   deepspeed_options arguments_;
-  zero_config config_;
+  std::unique_ptr<zero_config> config_;  // resolved at setup_environment
+  // The config computes in 16 bits (bf16, fp16): the module runs without autocast.
+  bool sixteen_bit_ = false;
   fsdp_options engine_options_;  // what the config's stage asks of the sharding engine
   std::vector<std::unique_ptr<zero_model>> models_;  // in setup order
 };

@@ -11,9 +11,9 @@
 #include <loom/checkpoint/io.hpp>
 #include <loom/comm/process_group.hpp>
 #include <loom/concepts/precision_dtypes.hpp>
+#include <loom/strategy/fsdp_engine_calls.hpp>
 #include <loom/strategy/fsdp_options.hpp>
 #include <loom/strategy/placement.hpp>
-#include <loom/util/apply_to_collection.hpp>
 #include <loom/util/clip_options.hpp>
 
 #include <ATen/core/Tensor.h>
@@ -45,16 +45,6 @@ struct unit_summary {
   std::int64_t padded = 0; // numel rounded up to a multiple of the shard count
   std::int64_t shard = 0;  // elements this rank keeps
   bool checkpoint = false;  // its forward is recomputed in backward (activation checkpointing)
-};
-
-// Counters a test reads (collectives the engine issued).
-struct fsdp_counters {
-  std::uint64_t all_gathers = 0;      // parameter gathers (forward, backward, prefetched)
-  std::uint64_t reduce_scatters = 0;  // gradient reductions over the shard group
-  std::uint64_t all_reduces = 0;      // gradient reductions over the replicate group
-  std::uint64_t prefetches = 0;       // gathers issued ahead of the unit's use
-  std::uint64_t offload_to_device = 0;  // cpu_offload: a parameter shard moved to the compute device for a gather
-  std::uint64_t offload_to_host = 0;    // cpu_offload: a reduced gradient shard moved back to the host
 };
 
 // Where parameter shards live between uses when they are not kept in
@@ -143,18 +133,6 @@ class fsdp_engine {
   // Shared so that autograd's hooks can hold it weakly (a loss may outlive it).
   std::shared_ptr<impl> impl_;
 };
-
-// A set-up module's forward under the engine: the root unit gathered around
-// it, its outputs watched for the backward (fsdp and model_parallel's
-// data-parallel dimension).
-template <class Forward>
-auto forward_through(fsdp_engine& engine, Forward&& run) {
-  engine.root_pre_forward();
-  auto output = std::forward<Forward>(run)();
-  for_each_tensor(output, [&engine](const at::Tensor& t) { engine.root_watch_output(t); });
-  engine.root_post_forward();
-  return output;
-}
 
 // The slices of the split parameters (by state-dict name) a sharded save of
 // checkpoint writes, read off their placements (the engines' slices, tensor

@@ -7,13 +7,21 @@
 // gather and slice.
 #pragma once
 
-#include <loom/strategy/fsdp_engine.hpp>
+#include <loom/checkpoint/io.hpp>
+#include <loom/checkpoint/state.hpp>
+#include <loom/comm/process_group.hpp>
+#include <loom/strategy/fsdp_engine_calls.hpp>
 #include <loom/strategy/placement.hpp>
+#include <loom/util/module_fwd.hpp>
 
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
+
+namespace torch::optim {
+class Optimizer;
+}
 
 namespace loom::detail {
 

@@ -21,7 +21,6 @@
 #pragma once
 
 #include <loom/comm/device_mesh.hpp>
-#include <loom/strategy/fsdp_engine.hpp>
 #include <loom/strategy/fsdp_options.hpp>
 #include <loom/strategy/sharded_parallel.hpp>
 #include <loom/strategy/unit_construction.hpp>
@@ -94,7 +93,7 @@ struct model_parallel : sharded_parallel {
   // layers outside any unit are built whole until parallelize_fn slices them.
   std::optional<detail::construction_sharding> construction_sharding() const {
     if (world_size() < 2) return std::nullopt;
-    return detail::construction_sharding{&runtime_pointer()->group(), options_.data_parallel.sync_module_states};
+    return detail::construction_sharding{&world_group(), options_.data_parallel.sync_module_states};
   }
 
   // Samplers read the data-parallel coordinate.

@@ -4,13 +4,20 @@
 #pragma once
 
 #include <loom/strategy/collectives.hpp>
-#include <loom/strategy/distributed_runtime.hpp>
+#include <loom/strategy/process_options.hpp>
 #include <loom/strategy/strategy_base.hpp>
 
 #include <memory>
 #include <string_view>
 
 namespace loom {
+
+namespace detail {
+// The processes, ranks and world group (distributed_runtime.hpp, compiled
+// in src/): a strategy reaches it through the calls below, so a TU that
+// includes a strategy does not parse the launcher.
+class distributed_runtime;
+}  // namespace detail
 
 struct parallel : strategy_base {
   static constexpr std::string_view name = "parallel";
@@ -23,20 +30,17 @@ struct parallel : strategy_base {
   parallel() = default;
   explicit parallel(parallel_options options) : options_(options) {}
 
-  void setup_environment(const strategy_environment& environment) {
-    runtime_ = std::make_shared<detail::distributed_runtime>(environment, options_);
-    device_ = runtime_->device();
-  }
+  void setup_environment(const strategy_environment& environment);
   const parallel_options& parallel_settings() const noexcept { return options_; }
 
-  int world_size() const noexcept { return runtime_ ? runtime_->world_size() : 1; }
-  int global_rank() const noexcept { return runtime_ ? runtime_->global_rank() : 0; }
-  int local_rank() const noexcept { return runtime_ ? runtime_->local_rank() : 0; }
-  int node_rank() const noexcept { return runtime_ ? runtime_->node_rank() : 0; }
+  int world_size() const noexcept;
+  int global_rank() const noexcept;
+  int local_rank() const noexcept;
+  int node_rank() const noexcept;
   bool is_global_zero() const noexcept { return global_rank() == 0; }
 
-  void launch() { runtime_->launch(); }
-  bool is_forked_child() const noexcept { return runtime_ && runtime_->is_forked_child(); }
+  void launch();
+  bool is_forked_child() const noexcept;
 
   module_state setup_module(torch::nn::Module& module, bool move_to_device = true) {
     (void)group();  // processes must exist before their modules do anything collective
@@ -53,7 +57,7 @@ struct parallel : strategy_base {
     barrier();
   }
 
-  comm::process_group& group() { return runtime_->group(); }
+  comm::process_group& group();
   detail::distributed_runtime& runtime() { return *runtime_; }
 
   // ------------------------------------------------------------ collectives
@@ -90,7 +94,7 @@ struct parallel : strategy_base {
 
  protected:
   // For a const member that hands the world group on (init_module's scope).
-  detail::distributed_runtime* runtime_pointer() const noexcept { return runtime_.get(); }
+  comm::process_group& world_group() const;
 
  private:
   parallel_options options_;

@@ -9,7 +9,7 @@
 #pragma once
 
 #include <loom/compat.hpp>
-#include <loom/strategy/fsdp_engine.hpp>
+#include <loom/strategy/fsdp_engine_calls.hpp>
 #include <loom/strategy/fsdp_options.hpp>
 #include <loom/strategy/full_state.hpp>
 #include <loom/strategy/live_engines.hpp>
@@ -58,10 +58,8 @@ struct sharded_parallel : parallel {
     return detail::forward_through(*engine, std::forward<Forward>(run));
   }
 
-  fsdp_no_sync_guard no_backward_sync(module_state& engine, bool enabled = true) {
-    if (enabled && engine && engine->cpu_offload()) refuse_no_sync_with_offload();
-    return fsdp_no_sync_guard(engine.get(), enabled);
-  }
+  // Refused where the engine offloads (offload_refusal_reason).
+  fsdp_no_sync_guard no_backward_sync(module_state& engine, bool enabled = true);
 
   // As asked: the engine writes each reduced shard into a gradient that is
   // none and adds into one that is defined (zeroed, or accumulating under
@@ -113,9 +111,6 @@ struct sharded_parallel : parallel {
 
   precision_dtypes precision_;
   detail::live_engines<detail::fsdp_engine> engines_;
-
- private:
-  [[noreturn]] static void refuse_no_sync_with_offload();
 };
 
 }  // namespace loom

@@ -7,6 +7,7 @@
 
 #include <loom/concepts/precision_dtypes.hpp>
 #include <loom/strategy/deepspeed_options.hpp>
+#include <loom/strategy/zero_loss_scaling.hpp>
 
 #include <cstdint>
 #include <string>
@@ -32,16 +33,6 @@ struct zero_aio {
   bool single_submit = false;
   bool overlap_events = true;
   std::int64_t thread_count = 1;
-};
-
-// DeepSpeed's fp16 section: its dynamic loss scaler (loss_scale > 0: static).
-struct zero_loss_scaling {
-  bool enabled = false;
-  double loss_scale = 0;
-  std::int64_t initial_scale_power = 16;
-  std::int64_t loss_scale_window = 1000;
-  std::int64_t hysteresis = 2;
-  double min_loss_scale = 1;
 };
 
 struct zero_config {

@@ -8,7 +8,7 @@
 #pragma once
 
 #include <loom/comm/process_group.hpp>
-#include <loom/strategy/zero_config.hpp>
+#include <loom/strategy/zero_loss_scaling.hpp>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
