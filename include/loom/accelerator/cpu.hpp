@@ -1,6 +1,15 @@
 // The CPU accelerator: every process computes on the host; `devices` counts
 // processes (Lightning's CPUAccelerator).
-#pragma once
+//
+// Read two ways: with LOOM_ACCELERATOR defined (by a reader of
+// builtin_accelerators.def, the list of the built-in accelerators' headers)
+// this header is its one line of that list, torch-free; otherwise it is the
+// type. So an accelerator's facts for make_fabric and loom-run sit beside
+// its type, and the list names its header once.
+#if defined(LOOM_ACCELERATOR)
+LOOM_ACCELERATOR(cpu, cpu, false)
+#elif !defined(LOOM_ACCELERATOR_CPU_HPP)
+#define LOOM_ACCELERATOR_CPU_HPP
 
 #include <loom/accelerator/parse_devices.hpp>
 #include <loom/compat.hpp>
@@ -35,3 +44,5 @@ struct cpu {
 static_assert(Accelerator<cpu>);
 
 }  // namespace loom
+
+#endif  // LOOM_ACCELERATOR_CPU_HPP

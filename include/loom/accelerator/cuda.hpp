@@ -1,6 +1,15 @@
 // The CUDA accelerator. It compiles against every LibTorch; without CUDA in
 // the LibTorch build it fails at run time with an error that says so.
-#pragma once
+//
+// Read two ways: with LOOM_ACCELERATOR defined (by a reader of
+// builtin_accelerators.def, the list of the built-in accelerators' headers)
+// this header is its one line of that list, torch-free; otherwise it is the
+// type. So an accelerator's facts for make_fabric and loom-run sit beside
+// its type, and the list names its header once.
+#if defined(LOOM_ACCELERATOR)
+LOOM_ACCELERATOR(cuda, cuda, true)
+#elif !defined(LOOM_ACCELERATOR_CUDA_HPP)
+#define LOOM_ACCELERATOR_CUDA_HPP
 
 #include <loom/accelerator/parse_devices.hpp>
 #include <loom/concepts.hpp>
@@ -40,3 +49,5 @@ struct cuda {
 static_assert(Accelerator<cuda>);
 
 }  // namespace loom
+
+#endif  // LOOM_ACCELERATOR_CUDA_HPP

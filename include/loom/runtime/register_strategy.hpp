@@ -4,9 +4,8 @@
 // it in src/runtime/builtin_*.cpp; register_strategy is the user's door.
 #pragma once
 
-// Each built-in accelerator's header (builtin_accelerators.def lists them).
-#include <loom/accelerator/cpu.hpp>
-#include <loom/accelerator/cuda.hpp>
+// Each built-in accelerator's type (builtin_accelerators.def lists their headers).
+#include <loom/builtin_accelerators.def>
 #include <loom/compatibility.hpp>
 #include <loom/precision/mixed.hpp>
 #include <loom/precision/true_precision.hpp>
