@@ -1,8 +1,10 @@
-// The deepspeed strategy's non-template body (include/loom/strategy/deepspeed.hpp
-// keeps the declarations and the templates a Fabric instantiates per
-// precision): configuration, setup, the NVMe stream's start, checkpoints.
-// Compiled once here, so a TU that includes <loom/loom.hpp> does not parse
-// it, nor the Adam and AdamW headers it reads an optimizer's options with.
+// The deepspeed strategy's body (include/loom/strategy/deepspeed.hpp keeps the
+// declarations and the forwarding templates a Fabric instantiates per
+// precision; the step is deepspeed_step.cpp): configuration, setup, the
+// NVMe stream's start, checkpoints, the accessors of the per-model state
+// (zero_model.hpp). Compiled once here, so a TU that includes
+// <loom/loom.hpp> does not parse it, nor the Adam and AdamW headers it reads
+// an optimizer's options with.
 #include "zero_model.hpp"
 
 #include <loom/strategy/deepspeed.hpp>

@@ -6,6 +6,7 @@
 // `fsdp_worker hybrid` runs under loom-run --num-nodes 2.
 #include "law_models.hpp"
 
+#include <loom/strategy/fsdp_engine.hpp>  // the engine's counters
 #include <loom/util/placeholder.hpp>
 
 #include <torch/nn/modules/dropout.h>
@@ -15,7 +16,9 @@
 
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <tuple>
 #include <typeindex>
@@ -91,6 +94,66 @@ void law_variants() {
                                .forward_prefetch = false,
                                .backward_prefetch = false}));
     laws::law_equivalence(fabric, make_net, "FULL_SHARD, activation checkpointing, prefetch off");
+  }
+}
+
+// Net with a probe at the start of its forward: what the engine issued
+// between the root's pre-forward and the first unit's forward.
+struct ProbedNetImpl : torch::nn::Module {
+  ProbedNetImpl()
+      : fc1(register_module("fc1", loom::unit<torch::nn::Linear>(16, 32))),
+        fc2(register_module("fc2", loom::unit<torch::nn::Linear>(32, 32))),
+        fc3(register_module("fc3", torch::nn::Linear(32, 4))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    if (at_forward_start) at_forward_start();
+    return fc3(torch::relu(fc2(torch::relu(fc1(x)))));
+  }
+  loom::unit<torch::nn::Linear> fc1, fc2;
+  torch::nn::Linear fc3;
+  std::function<void()> at_forward_start;
+};
+TORCH_MODULE(ProbedNet);
+
+// The forward's gathers once the order is recorded (step 2 on), prefetch on:
+// SHARD_GRAD_OP, whose units keep their gathered storage between steps,
+// has every unit's all-gather in flight when the model's forward starts;
+// FULL_SHARD has the first unit's only (one ahead: each unit's forward
+// issues the next). Both prefetch each of the 2 units once per forward and
+// gather the root (fc3, outside the units) for the whole step.
+void law_prefetch_schedule() {
+  using loom::sharding_strategy;
+  for (auto strategy : {sharding_strategy::full_shard, sharding_strategy::shard_grad_op}) {
+    const std::string what(loom::to_string(strategy));
+    fsdp_fabric fabric({}, loom::fsdp(loom::fsdp_options{.strategy = strategy}));
+    torch::manual_seed(0);
+    ProbedNet net;
+    torch::optim::SGD sgd(net->parameters(), 0.1);
+    auto [model, optimizer] = fabric.setup(net, sgd);
+    const auto& counters = model.session().state()->counters();
+    train_steps(fabric, model, optimizer, 0, 1);  // records the forward order
+    for (int step = 1; step < 3; ++step) {
+      const std::uint64_t before = counters.prefetches;
+      std::uint64_t at_start = 0;
+      net->at_forward_start = [&] { at_start = counters.prefetches - before; };
+      const std::uint64_t gathers_before = counters.all_gathers;
+      const int64_t local = global_batch / fabric.world_size();
+      const at::Tensor output = model(global_inputs(step).narrow(0, fabric.global_rank() * local, local));
+      const std::uint64_t in_forward = counters.prefetches - before;
+      const std::uint64_t expected_at_start = strategy == sharding_strategy::shard_grad_op ? 2 : 1;
+      LAW_EXPECT(at_start == expected_at_start,
+                 "%s step %d: %llu all-gathers in flight when the forward started, expected %llu", what.c_str(),
+                 step, static_cast<unsigned long long>(at_start),
+                 static_cast<unsigned long long>(expected_at_start));
+      LAW_EXPECT(in_forward == 2 && counters.all_gathers - gathers_before == 3,
+                 "%s step %d: the forward prefetched %llu times and gathered %llu, for the root and 2 units",
+                 what.c_str(),
+                 step, static_cast<unsigned long long>(in_forward),
+                 static_cast<unsigned long long>(counters.all_gathers - gathers_before));
+      optimizer.zero_grad();
+      fabric.backward(output.pow(2).mean());
+      optimizer.step();
+    }
+    net->at_forward_start = nullptr;
   }
 }
 
@@ -665,6 +728,7 @@ int main(int argc, char** argv) {
         [&](fsdp_fabric&) {
           law_strategies(every_strategy);
           law_variants();
+          law_prefetch_schedule();
           law_checkpoint_rng();
           law_cpu_offload();
           law_bf16_mixed();
