@@ -39,7 +39,6 @@ deepspeed::~deepspeed() = default;
 void deepspeed::setup_environment(const strategy_environment& environment) {
   sharded_parallel::setup_environment(environment);
   *config_ = resolve_zero_config(arguments_, precision_, world_size());
-  sixteen_bit_ = config_->bf16 || config_->fp16.enabled;
   if (config_->fp16.enabled && !(precision_.mixed && precision_.half())) {
     throw configuration_error("deepspeed: fp16 (DeepSpeed's dynamic loss scaling) takes precision 16-mixed, not " +
                               std::string(precision_.name));
@@ -128,7 +127,7 @@ auto deepspeed::setup_module_and_optimizers(torch::nn::Module& module,
   model->scaler = zero_loss_scaler(config_->fp16);
   if (nvme) start_nvme(*model, *engine);
   // (With the optimizer on NVMe the fp32 masters live in its file.)
-  if ((config_->bf16 || config_->fp16.enabled) && !model->nvme) {
+  if (sixteen_bit() && !model->nvme) {
     at::NoGradGuard no_grad;
     for (auto& group : optimizer.param_groups()) {
       for (auto& parameter : group.params()) {
@@ -240,7 +239,7 @@ state deepspeed::load_checkpoint(const std::string& path, const state& checkpoin
     throw std::logic_error("deepspeed: the NVMe-offloaded optimizer holds state in memory");
   }
   std::optional<optimizer_state_dtype> fp32_state;
-  if (config_->bf16 || config_->fp16.enabled) fp32_state.emplace(at::kFloat);  // the state of fp32 masters
+  if (sixteen_bit()) fp32_state.emplace(at::kFloat);  // the state of fp32 masters
   state rest = load_state(path, checkpoint, strict);
   fp32_state.reset();
   at::NoGradGuard no_grad;
@@ -531,6 +530,8 @@ auto deepspeed::model_of(const torch::optim::Optimizer& optimizer) const -> zero
 auto deepspeed::nvme_owner() const noexcept -> zero_model* {
   return models_.size() == 1 && models_.front()->nvme ? models_.front().get() : nullptr;
 }
+
+bool deepspeed::sixteen_bit() const noexcept { return config_->bf16 || config_->fp16.enabled; }
 
 bool deepspeed::any_masters() const noexcept {
   for (const auto& model : models_) {

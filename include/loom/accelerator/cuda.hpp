@@ -1,11 +1,7 @@
 // The CUDA accelerator. It compiles against every LibTorch; without CUDA in
 // the LibTorch build it fails at run time with an error that says so.
-//
-// Read two ways: with LOOM_ACCELERATOR defined (by a reader of
-// builtin_accelerators.def, the list of the built-in accelerators' headers)
-// this header is its one line of that list, torch-free; otherwise it is the
-// type. So an accelerator's facts for make_fabric and loom-run sit beside
-// its type, and the list names its header once.
+// With LOOM_ACCELERATOR defined, this header is its registry line alone
+// (builtin_accelerators.def says why); otherwise the type.
 #if defined(LOOM_ACCELERATOR)
 LOOM_ACCELERATOR(cuda, cuda, true)
 #elif !defined(LOOM_ACCELERATOR_CUDA_HPP)

@@ -79,7 +79,7 @@ struct deepspeed : sharded_parallel {
   // (what DeepSpeed does); otherwise as FSDP.
   template <class Forward>
   auto forward(module_state& engine, torch::nn::Module& module, Forward&& run) {
-    if (!sixteen_bit_) {
+    if (!sixteen_bit()) {
       return sharded_parallel::forward(engine, module, std::forward<Forward>(run));
     }
     // Off on the device the module computes on (cuda:N on a GPU), as
@@ -201,11 +201,12 @@ struct deepspeed : sharded_parallel {
   // The model with an NVMe stream (which takes one model per Fabric), or nullptr.
   zero_model* nvme_owner() const noexcept;
   bool any_masters() const noexcept;
+  // DeepSpeed's 16-bit mode (the config's bf16 or fp16): the module in that
+  // dtype, computed without autocast, stepped through fp32 masters.
+  bool sixteen_bit() const noexcept;
 
   deepspeed_options arguments_;
   std::unique_ptr<zero_config> config_;  // resolved at setup_environment
-  // The config computes in 16 bits (bf16, fp16): the module runs without autocast.
-  bool sixteen_bit_ = false;
   fsdp_options engine_options_;  // what the config's stage asks of the sharding engine
   std::vector<std::unique_ptr<zero_model>> models_;  // in setup order
 };
