@@ -15,22 +15,31 @@ nccl/include/). Without it the test exits 77: skipped, never passed.
 
 Compile-only (-fsyntax-only): there are no 2.11 libraries here. TUs whose
 includes reach LibTorch compile over a precompiled prelude of LibTorch's
-headers (never loom's): `torch` (torch/torch.h), or `distributed` (that and
-c10d's Gloo, NCCL and Reducer headers) for the TUs whose includes reach c10d.
-Two tiers, because every TU pays for the prelude's pending template
-instantiations (about 4 s for torch.h, 5.5 s with c10d on this machine's
-g++ 12), and most TUs never touch c10d. TUs that reach no LibTorch header
-compile without a prelude.
+headers (never loom's): torch/torch.h; the TUs whose includes reach c10d also
+over c10d's Gloo, NCCL and Reducer headers, parsed (a second precompiled
+prelude took 43 s to build here for 12 TUs, more than they spend parsing
+those headers). Every TU pays for the prelude's pending template
+instantiations (about 4.5 s for torch.h on this machine's g++ 12), so the
+fewer TUs the better (below). TUs that reach no LibTorch header compile
+without a prelude, on the other cores while the prelude builds.
 
-To pay that fixed cost less often, TUs of one folder and one tier compile
-GROUP_SIZE at a time as one TU that #includes them (a unity TU); a program's
-TU (one with main) compiles alone. A group that fails, or warns from loom's
-code, compiles again one TU at a time, and those results are the ones
-reported: a name two TUs both define (in anonymous namespaces, say) never
-fails the check, and every failure names its own TU. What a unity TU cannot
-tell is a TU that compiles only after another one's includes; the torch.h
-prelude already hides most of those, and the 1.13 build and
-header_self_containment compile each TU and header alone.
+To pay that fixed cost less often, TUs of one tier compile up to GROUP_SIZE
+at a time as one TU that #includes them (a unity TU). A TU that defines into
+no named namespace of its own (every program, test, tool and example but a
+few) is wrapped: included inside a namespace of its own (`namespace
+loom_unity_N {`), after its preprocessor lines at file scope (its includes,
+their conditions, its macros): its anonymous namespace, static functions and
+main stay apart from every other member's, and the headers it includes are
+already in (their include guards keep them out of the namespace); its macros
+are undefined after it. The others are included as they are: src/'s together
+(libloom's own unity build compiles them so), any other at most one to a
+group (two `extern "C"` model entry points, say, would clash). A group that
+fails, or warns from loom's code, compiles again one TU at a time, and those
+results are the ones reported: a name two TUs both define never fails the
+check, and every failure names its own TU (a planted error in src/ and an
+unused variable in a program's main were each reported so, by their TU). What a unity TU cannot tell is a TU that compiles only after another
+one's includes; the torch.h prelude already hides most of those, and the 1.13
+build and header_self_containment compile each TU and header alone.
 """
 import concurrent.futures
 import os
@@ -42,7 +51,16 @@ import tarfile
 import time
 
 SKIP = 77
-GROUP_SIZE = 6
+GROUP_SIZE = 16
+# A TU that opens a named namespace at file scope defines into it (loom's, a
+# tool's): nested in another namespace, its definitions would go astray.
+NAMED_NAMESPACE = re.compile(r"^namespace\s+[A-Za-z_]", re.M)
+# Preprocessor lines hoisted to file scope before a wrapped TU (its includes
+# and what decides them), with their continuation lines.
+DIRECTIVE = re.compile(r"[ \t]*#[ \t]*(if|ifdef|ifndef|elif|else|endif|include|define|undef)\b")
+# What can hide a brace: comments, string and character literals (raw strings too).
+HIDING = re.compile(r'//[^\n]*|/\*.*?\*/|R"([^(\s]*)\(.*?\)\1"|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)
+DEFINED = re.compile(r"^[ \t]*#[ \t]*define[ \t]+([A-Za-z_]\w*)", re.M)
 PROGRAM = re.compile(r"^\s*int\s+main\s*\(", re.M)
 TREES = ("src", "tools", "examples", "tests", "bench")
 # Not loom TUs to port: compile_fail's cases must fail; consumers/ are
@@ -50,11 +68,17 @@ TREES = ("src", "tools", "examples", "tests", "bench")
 EXCLUDED = ("tests/compile_fail/", "tests/consumers/")
 TORCH_INCLUDE = re.compile(r'#\s*include\s*[<"](torch|ATen|c10|caffe2)/')
 C10D_INCLUDE = re.compile(r'#\s*include\s*[<"]torch/csrc/distributed/')
+# Each tier's preludes, in order; only the first is precompiled.
 PRELUDES = {
-    "torch": ["torch/torch.h"],
-    "distributed": ["torch/torch.h", "torch/csrc/distributed/c10d/ProcessGroupGloo.hpp",
-                    "torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp", "torch/csrc/distributed/c10d/reducer.hpp"],
+    "torch": ["torch"],
+    "distributed": ["torch", "c10d"],
 }
+PRELUDE_HEADERS = {
+    "torch": ["torch/torch.h"],
+    "c10d": ["torch/csrc/distributed/c10d/ProcessGroupGloo.hpp", "torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp",
+             "torch/csrc/distributed/c10d/reducer.hpp"],
+}
+PRECOMPILED = "torch"
 LOCAL_INCLUDE = re.compile(r'#\s*include\s*[<"]([^>"]+)[>"]')
 FOREIGN_HEADER = re.compile(r"^\.+ (/usr/include/(?:torch|ATen|c10|caffe2|gloo)/\S+)", re.M)
 TARBALLS = {"torch211-include.tar.xz": "", "cuda130-include.tar.xz": "cuda", "nccl-include.tar.xz": "nccl"}
@@ -158,25 +182,93 @@ def failure_lines(output):
             if "error:" in line or ("required from here" in line and in_loom(line))]
 
 
+def text_of(source, unit):
+    return open(os.path.join(source, unit), errors="replace").read()
+
+
+def wrappable(source, unit):
+    """Whether UNIT can be included inside a namespace of its own: it defines
+    into no named namespace, and its main (if any) returns (only ::main may
+    flow off its end; elsewhere it would warn)."""
+    text = text_of(source, unit)
+    program = PROGRAM.search(text)
+    return (not NAMED_NAMESPACE.search(text) and 'extern "C"' not in text
+            and (not program or "return" in text[program.end():]))
+
+
+def file_scope_directives(text):
+    """TEXT's preprocessor lines (with their continuation lines) that sit at
+    file scope: one inside a function (an X-macro's #include, say) stays there."""
+    lines = text.split("\n")
+    # The same lines with comments and literals blanked (their line breaks kept).
+    code = HIDING.sub(lambda m: "\n" * m.group(0).count("\n"), text).split("\n")
+    depth, hoisted, continued = 0, [], False
+    for line, bare in zip(lines, code):
+        if continued or DIRECTIVE.match(line):
+            if depth == 0:
+                hoisted.append(line)
+            continued = line.endswith("\\")
+            continue
+        depth += bare.count("{") - bare.count("}")
+    return hoisted
+
+
 def groups_of(source, units, tier):
-    """UNITS in groups of one folder and one tier, at most GROUP_SIZE each; programs and
-    torch-free TUs (cheap: no prelude) alone. The largest groups first, for the pool."""
-    by_key, alone = {}, []
-    for unit in units:
-        if tier[unit] is None or PROGRAM.search(open(os.path.join(source, unit), errors="replace").read()):
-            alone.append([unit])
-        else:
-            by_key.setdefault((tier[unit], os.path.dirname(unit)), []).append(unit)
-    grouped = [members[i:i + GROUP_SIZE] for members in by_key.values()
-               for i in range(0, len(members), GROUP_SIZE)]
-    return sorted(grouped, key=len, reverse=True) + alone
+    """UNITS as unity groups of one tier: src/'s unwrapped TUs in groups of
+    their own (at most GROUP_SIZE), every other unwrapped TU starting a group,
+    the wrapped TUs (the largest first) filling the smallest group, with about
+    GROUP_SIZE to a group; torch-free TUs (cheap: no prelude) alone. The
+    largest groups first, for the pool."""
+    groups = []
+    for name in sorted(set(tier.values()) - {None}):
+        members = [u for u in units if tier[u] == name]
+        wrapped = [u for u in members if wrappable(source, u)]
+        library = [u for u in members if u not in wrapped and u.startswith("src/")]
+        count = -(-len(library) // GROUP_SIZE)
+        groups += [library[i::count] for i in range(count)]
+        seeded = [[u] for u in members if u not in wrapped and u not in library]
+        seeded += [[] for _ in range(max(0, -(-len(wrapped) // GROUP_SIZE) - len(seeded)))]
+        for unit in sorted(wrapped, key=lambda u: -len(text_of(source, u))):
+            min(seeded, key=len).append(unit)
+        groups += seeded
+    alone = [[u] for u in units if tier[u] is None]
+    return sorted(groups, key=len, reverse=True) + alone
 
 
-def compile_all(groups, compile_group):
-    """Compiles GROUPS on every core; prints each failure and warning."""
+def unity_text(source, members):
+    """One TU that includes MEMBERS: each wrappable one in a namespace of its
+    own, after its preprocessor lines, its macros undefined after it."""
+    parts = []
+    for number, member in enumerate(members):
+        path = os.path.join(source, member)
+        if not wrappable(source, member):
+            parts.append(f'#include "{path}"\n')
+            continue
+        text = text_of(source, member)
+        # Quoted includes resolve against the member's own folder.
+        hoisted = re.sub(r'(#[ \t]*include[ \t]*)"([^"]+)"',
+                         lambda m: m.group(1) + '"' + resolve_quoted(source, member, m.group(2)) + '"',
+                         "\n".join(file_scope_directives(text)))
+        undefine = "".join(f"#undef {name}\n" for name in sorted(set(DEFINED.findall(text))))
+        parts.append(f"{hoisted}\n{undefine}namespace loom_unity_{number} {{\n#include \"{path}\"\n}}\n{undefine}")
+    return "".join(parts)
+
+
+def resolve_quoted(source, unit, name):
+    """NAME as UNIT's #include "NAME" finds it: next to UNIT when it is there, else unchanged."""
+    beside = os.path.join(source, os.path.dirname(unit), name)
+    return beside if os.path.isfile(beside) else name
+
+
+def compile_all(groups, compile_group, tier, precompile):
+    """Compiles GROUPS on every core; prints each failure and warning. The
+    prelude builds first while the other cores compile the TUs that need none."""
     failed, warned, foreign = [], [], []
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        for unit, code, err in (result for results in pool.map(compile_group, groups) for result in results):
+        made = pool.submit(precompile) if any(tier[g[0]] for g in groups) else None
+        jobs = [pool.submit(compile_group, g, None) for g in groups if tier[g[0]] is None]
+        jobs += [pool.submit(compile_group, g, made) for g in groups if tier[g[0]] is not None]
+        for unit, code, err in (result for job in jobs for result in job.result()):
             lines = loom_diagnostics(err)
             if code != 0:
                 failed.append(unit)
@@ -185,7 +277,7 @@ def compile_all(groups, compile_group):
                 warned.append(unit)
                 print(f"WARN: {unit}\n" + "\n".join(lines[:12]))
             foreign += [f"{unit}: {p}" for p in FOREIGN_HEADER.findall(err)]
-    return failed, warned, foreign
+        return failed, warned, foreign, made and made.result()
 
 
 def torch_version(root):
@@ -209,12 +301,12 @@ def compile_flags(source, build, root, local):
     return flags + [f"-I{os.path.join(source, d)}" for d in local] + [f"-I{os.path.join(build, 'src')}"]
 
 
-def write_preludes(work, tiers):
+def write_preludes(work):
     preludes = {}
-    for name in sorted(set(tiers) - {None}):
+    for name, headers in PRELUDE_HEADERS.items():
         preludes[name] = os.path.join(work, f"prelude_{name}.hpp")
         with open(preludes[name], "w") as f:
-            f.write("".join(f"#include <{h}>\n" for h in PRELUDES[name]))
+            f.write("".join(f"#include <{h}>\n" for h in headers))
     return preludes
 
 
@@ -239,28 +331,30 @@ def main():
     units = [u for u in translation_units(source) if only is None or only.search(u)]
     memos = ({}, {})
     tier = {u: prelude_of(source, u, local, memos) for u in units}
-    preludes = write_preludes(work, tier.values())
+    preludes = write_preludes(work)
 
-    def precompile(name):
-        header = preludes[name]
-        return name, subprocess.run(compiler + [f for f in flags if f != "-fsyntax-only"] +
-                                    ["-x", "c++-header", header, "-o", header + ".gch"],
-                                    capture_output=True, text=True)
+    def precompile():
+        header = preludes[PRECOMPILED]
+        return subprocess.run(compiler + [f for f in flags if f != "-fsyntax-only"] +
+                              ["-x", "c++-header", header, "-o", header + ".gch"], capture_output=True, text=True)
 
     def compile_one(unit, path=None, unity_flags=()):
-        extra = ["-include", preludes[tier[unit]]] if tier[unit] else []
+        extra = [arg for name in PRELUDES.get(tier[unit], []) for arg in ("-include", preludes[name])]
         run = subprocess.run(compiler + flags + extra + list(unity_flags) + [path or os.path.join(source, unit)],
                              capture_output=True, text=True)
         return unit, run.returncode, run.stderr
 
     split = []  # the groups that compiled again one TU at a time
 
-    def compile_group(members):
-        """[(unit, status, stderr)]: the group as one TU when that is clean, else each TU alone."""
+    def compile_group(members, prelude):
+        """[(unit, status, stderr)]: the group as one TU when that is clean, else
+        each TU alone; nothing when its PRELUDE (a future) did not compile."""
+        if prelude is not None and prelude.result().returncode != 0:
+            return []
         if len(members) > 1:
             unity = os.path.join(work, "unity_" + "_".join(m.replace("/", "_") for m in members)[:200] + ".cpp")
             with open(unity, "w") as f:
-                f.write("".join(f'#include "{os.path.join(source, m)}"\n' for m in members))
+                f.write(unity_text(source, members))
             # A type in a member's anonymous namespace, used by a class the
             # member defines, warns only because the member is no longer the
             # main file (-Wsubobject-linkage); alone it never does.
@@ -272,27 +366,25 @@ def main():
         return [compile_one(unit) for unit in members]
 
     try:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-            for name, made in pool.map(precompile, preludes):
-                problems += [f"prelude {name}: {p}" for p in FOREIGN_HEADER.findall(made.stderr)]
-                if made.returncode != 0:
-                    print(made.stderr[-4000:])
-                    print(f"check_portability: the 2.11 prelude '{name}' does not compile", file=sys.stderr)
-                    return 1
         groups = groups_of(source, units, tier)
-        failed, warned, foreign = compile_all(groups, compile_group)
+        failed, warned, foreign, made = compile_all(groups, compile_group, tier, precompile)
+        if made:
+            problems += [f"prelude {PRECOMPILED}: {p}" for p in FOREIGN_HEADER.findall(made.stderr)]
+            if made.returncode != 0:
+                print(made.stderr[-4000:])
+                print(f"check_portability: the 2.11 prelude '{PRECOMPILED}' does not compile", file=sys.stderr)
+                return 1
     finally:
-        # The precompiled preludes are 0.7-0.9 GB each, and rebuilt every run.
-        for header in preludes.values():
-            if os.path.exists(header + ".gch"):
-                os.remove(header + ".gch")
+        # The precompiled prelude is 0.7 GB, and rebuilt every run.
+        if os.path.exists(preludes[PRECOMPILED] + ".gch"):
+            os.remove(preludes[PRECOMPILED] + ".gch")
     problems += [f"reads a header of Debian's LibTorch 1.13/Gloo: {p}" for p in foreign]
     for p in problems:
         print(p)
     for members, why in split:
         print("compiled again one TU at a time: " + " + ".join(members) + "; as one TU:\n  " + "\n  ".join(why))
     counts = ", ".join(f"{sum(1 for t in tier.values() if t == name)} over the {name} prelude"
-                       for name in sorted(preludes))
+                       for name in sorted(PRELUDES))
     print(f"portability: {len(units)} TUs ({counts}; compiled as {len(groups)} TUs, {len(split)} of them "
           f"again one TU at a time) against LibTorch {torch_version(root)} with CUDA, NCCL and MPI: "
           f"{len(failed)} failed, {len(warned)} with warnings from loom's code, {len(foreign)} reading "
