@@ -19,7 +19,8 @@ include is still an error (the planted `uses_optimizer.hpp` holds
 <ATen/core/Tensor.h> and uses torch::optim::Optimizer: it gets the Tensor
 prelude only, and fails). A prelude holds LibTorch's headers only, never a
 standard or loom one.
-Prints every header that fails, with the compiler's first lines.
+The preludes build first; the headers that need none compile on the other
+cores meanwhile. Prints every header that fails, with the compiler's first lines.
 """
 import concurrent.futures
 import os
@@ -31,11 +32,14 @@ import time
 
 # Largest first: each header gets the first whose every header it reaches.
 # Chosen from what loom's headers reach (most reach ATen/ATen.h through
-# LibTorch's own includes); only the preludes some header gets are built.
+# LibTorch's own includes); only the preludes some header gets are built. A
+# prelude costs its build (about 20 s of a core for torch/nn/module.h) and
+# spares each of its headers the parse: one with optimizer.h and
+# autocast_mode.h too, for the four headers that reach them, cost more than
+# it spared.
 TENSOR, IVALUE, ATEN = "ATen/core/Tensor.h", "ATen/core/ivalue.h", "ATen/ATen.h"
-MODULE, OPTIMIZER, AUTOCAST = "torch/nn/module.h", "torch/optim/optimizer.h", "ATen/autocast_mode.h"
+MODULE = "torch/nn/module.h"
 PRELUDES = [
-    [TENSOR, IVALUE, ATEN, MODULE, OPTIMIZER, AUTOCAST],
     [TENSOR, IVALUE, ATEN, MODULE],
     [TENSOR, IVALUE, ATEN],
     [TENSOR, IVALUE],
@@ -121,24 +125,33 @@ def main():
             paths[index] = os.path.join(work, f"prelude{index}.hpp")
             with open(paths[index], "w") as f:
                 f.write("".join(f"#include <{name}>\n" for name in PRELUDES[index]))
-        built = dict(zip(used, pool.map(
-            lambda index: run(compiler + ["-x", "c++-header", paths[index], "-o", paths[index] + ".gch"]), used)))
-        for index, (status, output, _) in built.items():
-            if status != 0:
-                print(f"check_headers: the prelude {PRELUDES[index]} does not compile:\n{output[:2000]}")
-                return 1
+        # The preludes build first (the most used first), the headers that need
+        # none compile while they do, then the others, prelude by prelude.
+        used.sort(key=lambda index: -sum(1 for i in chosen.values() if i == index))
+        built = {index: pool.submit(run, compiler + ["-x", "c++-header", paths[index], "-o", paths[index] + ".gch"])
+                 for index in used}
 
         def check(header):
-            prelude = [] if chosen[header] is None else ["-Winvalid-pch", "-include", paths[chosen[header]]]
+            prelude = []
+            if chosen[header] is not None:
+                if built[chosen[header]].result()[0] != 0:
+                    return None
+                prelude = ["-Winvalid-pch", "-include", paths[chosen[header]]]
             source = os.path.join(work, header.replace("/", "_") + ".cpp")
             with open(source, "w") as f:
                 f.write(f"#include <{header}>\n")
             return run(compiler + prelude + ["-fsyntax-only", source])
 
+        order = sorted(headers, key=lambda h: -1 if chosen[h] is None else used.index(chosen[h]))
+        checks = {header: pool.submit(check, header) for header in order}
+        for index, made in built.items():
+            if made.result()[0] != 0:
+                print(f"check_headers: the prelude {PRELUDES[index]} does not compile:\n{made.result()[1][:2000]}")
+                return 1
         failed = 0
         seconds = {}
-        for header, (status, output, took) in zip(headers, pool.map(check, headers)):
-            seconds[header] = took
+        for header in headers:
+            status, output, seconds[header] = checks[header].result()
             if status != 0:
                 failed += 1
                 print(f"FAIL: {header}")
