@@ -1,8 +1,8 @@
 #!/bin/sh
-# check_example.sh EXAMPLE [LOOM_RUN [STRATEGY]]
-# Runs the Fashion-MNIST example at its defaults (with LOOM_RUN: under
-# `loom-run --accelerator cpu --strategy STRATEGY --devices 2`, ddp unless
-# given; under fsdp and deepspeed_stage_3 the line before the last,
+# check_example.sh EXAMPLE [LOOM_RUN [STRATEGY [EPOCHS]]]
+# Runs the Fashion-MNIST example at its defaults, or for EPOCHS epochs (with
+# LOOM_RUN: under `loom-run --accelerator cpu --strategy STRATEGY --devices
+# 2`, ddp unless given; under fsdp and deepspeed_stage_3 the line before the last,
 # param_bytes_per_rank=, must be
 # at most 0.55 of the model's parameter bytes): the last line of
 # stdout and stderr together must be test_accuracy=0.XXXX, printed once, with
@@ -13,6 +13,7 @@ set -eu
 example=$(realpath "$1")
 launcher=""
 strategy=${3:-ddp}
+epochs=${4:-}
 if [ $# -ge 2 ]; then launcher=$(realpath "$2"); fi
 # run_example ARGS...: the example, under loom-run when one was given.
 run_example() {
@@ -22,12 +23,16 @@ run_example() {
     "$example" "$@"
   fi
 }
+# run_training: the run whose accuracy counts (at the defaults unless EPOCHS).
+run_training() {
+  if [ -n "$epochs" ]; then run_example --epochs "$epochs"; else run_example; fi
+}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work" || exit 1
 
 status=0
-run_example > out.txt 2>&1 || status=$?
+run_training > out.txt 2>&1 || status=$?
 last=$(tail -n 1 out.txt)
 echo "exit status $status, last line: $last"
 [ "$status" -eq 0 ] || { cat out.txt; exit 1; }

@@ -1,8 +1,9 @@
 #!/bin/sh
-# check_trainer_example.sh TRAINER LOOM_PLOT SOURCE_DIR [LOOM_RUN [STRATEGY]]
-# Runs examples/trainer at its defaults (with LOOM_RUN: under loom-run
-# --strategy STRATEGY --devices 2, ddp unless given; fsdp's checkpoints are
-# sharded directories). The last line of stdout and stderr together
+# check_trainer_example.sh TRAINER LOOM_PLOT SOURCE_DIR [LOOM_RUN [STRATEGY [BATCHES]]]
+# Runs examples/trainer at its defaults, or with BATCHES batches per epoch
+# (--limit-train-batches; its 3 epochs either way) (with LOOM_RUN: under
+# loom-run --strategy STRATEGY --devices 2, ddp unless given; fsdp's
+# checkpoints are sharded directories). The last line of stdout and stderr together
 # must be val_accuracy=0.XXXX, printed once, >= 0.85; the progress bar,
 # checkpoints (periodic, best, last), CSV and TensorBoard logs must be there;
 # every value in every column of the CSV must be in the TensorBoard file at its step
@@ -14,14 +15,19 @@ plot=$(realpath "$2")
 source_dir=$(realpath "$3")
 launcher=""
 strategy=${5:-ddp}
+batches=${6:-}
 if [ $# -ge 4 ]; then launcher=$(realpath "$4"); fi
-# run_example: the example, under loom-run when one was given.
+# run_example ARGS...: the example, under loom-run when one was given.
 run_example() {
   if [ -n "$launcher" ]; then
-    "$launcher" --accelerator cpu --strategy "$strategy" --devices 2 "$example"
+    "$launcher" --accelerator cpu --strategy "$strategy" --devices 2 "$example" "$@"
   else
-    "$example"
+    "$example" "$@"
   fi
+}
+# run_training: at the defaults unless BATCHES was given.
+run_training() {
+  if [ -n "$batches" ]; then run_example --limit-train-batches "$batches"; else run_example; fi
 }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -30,7 +36,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 
 start=$(date +%s)
 status=0
-run_example > out.txt 2>&1 || status=$?
+run_training > out.txt 2>&1 || status=$?
 seconds=$(( $(date +%s) - start ))
 last=$(tail -n 1 out.txt)
 echo "exit status $status after ${seconds} s, last line: $last"
