@@ -66,6 +66,7 @@ struct options {
   double clip = 1.0;
   std::uint64_t seed = 1;
   int64_t log_every = 100;
+  int64_t limit_val_batches = 0;  // N x batch_size held-out windows; 0: all of them
   int threads = 0;  // 0: the cores over the processes of this node
   int data_parallel_size = 0;
   int tensor_parallel_size = 0;
@@ -139,14 +140,16 @@ struct data_position {
   int replicas = 1;  // data-parallel ranks
 };
 
-// Mean loss (nats per byte) over every window of the validation text, the
-// windows dealt over the data-parallel ranks.
+// Mean loss (nats per byte) over every window of the validation text (or its
+// first --limit-val-batches x --batch-size windows: the same windows in every
+// layout), the windows dealt over the data-parallel ranks.
 template <class Fabric, class Model>
 double validation_loss(Fabric& fabric, Model& model, const at::Tensor& held_out, const options& opts,
                        const data_position& where) {
   at::NoGradGuard no_grad;
   model->eval();
-  const int64_t windows = (held_out.numel() - 1) / opts.context;
+  int64_t windows = (held_out.numel() - 1) / opts.context;
+  if (opts.limit_val_batches > 0) windows = std::min(windows, opts.limit_val_batches * opts.batch_size);
   const at::Tensor usable = held_out.narrow(0, 0, windows * opts.context + 1).to(at::kLong);
   const at::Tensor inputs = usable.narrow(0, 0, windows * opts.context).view({windows, opts.context});
   const at::Tensor targets = usable.narrow(0, 1, windows * opts.context).view({windows, opts.context});
@@ -308,6 +311,9 @@ int main(int argc, char** argv) {
   app.add_option("--clip", opts.clip, "gradient norm clip (0: none)");
   app.add_option("--seed", opts.seed, "seed for weights and batches");
   app.add_option("--log-every,--log_every", opts.log_every, "progress line every N steps")->check(CLI::PositiveNumber);
+  app.add_option("--limit-val-batches,--limit_val_batches", opts.limit_val_batches,
+                 "validate on the first N x batch-size held-out windows (0: all)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--threads", opts.threads, "threads per process (0: cores / processes of this node)");
   app.add_option("--data-parallel-size", opts.data_parallel_size, "model_parallel: data-parallel size (0: nodes)");
   app.add_option("--tensor-parallel-size", opts.tensor_parallel_size,
