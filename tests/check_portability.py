@@ -383,8 +383,9 @@ def main():
         print(p)
     for members, why in split:
         print("compiled again one TU at a time: " + " + ".join(members) + "; as one TU:\n  " + "\n  ".join(why))
-    counts = ", ".join(f"{sum(1 for t in tier.values() if t == name)} over the {name} prelude"
-                       for name in sorted(PRELUDES))
+    named = {"torch": "torch.h", "c10d": "c10d's headers"}
+    counts = ", ".join(f"{sum(1 for t in tier.values() if t == name)} over "
+                       + " and ".join(named[p] for p in PRELUDES[name]) for name in sorted(PRELUDES))
     print(f"portability: {len(units)} TUs ({counts}; compiled as {len(groups)} TUs, {len(split)} of them "
           f"again one TU at a time) against LibTorch {torch_version(root)} with CUDA, NCCL and MPI: "
           f"{len(failed)} failed, {len(warned)} with warnings from loom's code, {len(foreign)} reading "
