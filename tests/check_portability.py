@@ -42,6 +42,7 @@ one's includes; the torch.h prelude already hides most of those, and the 1.13
 build and header_self_containment compile each TU and header alone.
 """
 import concurrent.futures
+import functools
 import os
 import re
 import shutil
@@ -130,12 +131,18 @@ def translation_units(source):
     return sorted(units)
 
 
+@functools.lru_cache(maxsize=None)
+def text_of(source, unit):
+    """UNIT's text, read once: the tiers, the grouping and the unity TUs all read it."""
+    return open(os.path.join(source, unit), errors="replace").read()
+
+
 def reaches(pattern, source, unit, search, memo):
     """Whether UNIT's own includes (followed through the repository) reach a line matching PATTERN."""
     if unit in memo:
         return memo[unit]
     memo[unit] = False
-    text = open(os.path.join(source, unit), errors="replace").read()
+    text = text_of(source, unit)
     if pattern.search(text):
         memo[unit] = True
         return True
@@ -180,10 +187,6 @@ def failure_lines(output):
     """Why a TU failed: every error, and where in loom's code each was required from."""
     return [line for line in output.splitlines()
             if "error:" in line or ("required from here" in line and in_loom(line))]
-
-
-def text_of(source, unit):
-    return open(os.path.join(source, unit), errors="replace").read()
 
 
 def wrappable(source, unit):
