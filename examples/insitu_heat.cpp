@@ -14,7 +14,7 @@
 // see their neighbours. Then it runs a second trajectory with other source
 // seeds (held out) and scores the surrogate against "no change".
 //
-//   mpirun -n 2 build/examples/insitu_heat
+//   mpirun -n 2 build/examples/insitu_heat [--train-steps N]
 //
 // Last line: surrogate_rel_error=X persistence_rel_error=Y (goal X <= 0.5 Y).
 #include <loom/loom.hpp>
@@ -25,6 +25,7 @@
 #include <mpi.h>
 
 #include <ATen/core/grad_mode.h>
+#include <CLI/CLI.hpp>
 #include <torch/nn/modules/conv.h>
 #include <torch/optim/adam.h>
 
@@ -186,7 +187,21 @@ int main(int argc, char** argv) {
   int rank = 0, size = 1;
   MPI_Comm_rank(app, &rank);
   MPI_Comm_size(app, &size);
-  const settings s;
+  settings s;
+  // After MPI_Init, which may take its own arguments out of argv.
+  CLI::App cli("In-situ training of a surrogate inside an MPI heat solver, with loom DDP");
+  cli.add_option("--train-steps,--train_steps", s.train_steps,
+                 "solver steps of the training trajectory (a training sample every K steps)")
+      ->check(CLI::Range(s.k, 1 << 24))
+      ->capture_default_str();
+  try {
+    cli.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    const int code = rank == 0 ? cli.exit(error) : error.get_exit_code();
+    MPI_Comm_free(&app);
+    MPI_Finalize();
+    return code;
+  }
   int status = 0;
   {
     loom::Fabric<loom::cpu, loom::ddp, loom::fp32> fabric(

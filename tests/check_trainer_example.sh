@@ -2,7 +2,8 @@
 # check_trainer_example.sh TRAINER LOOM_PLOT SOURCE_DIR [LOOM_RUN [STRATEGY [BATCHES]]]
 # Runs examples/trainer at its defaults, or with BATCHES batches per epoch
 # (--limit-train-batches; its 3 epochs either way) (with LOOM_RUN: under
-# loom-run --strategy STRATEGY --devices 2, ddp unless given; fsdp's
+# loom-run --strategy STRATEGY --devices 2, ddp unless given; LOOM_RUN '-':
+# one process, STRATEGY ignored; fsdp's
 # checkpoints are sharded directories). The last line of stdout and stderr together
 # must be val_accuracy=0.XXXX, printed once, >= 0.85; the progress bar,
 # checkpoints (periodic, best, last), CSV and TensorBoard logs must be there;
@@ -16,7 +17,7 @@ source_dir=$(realpath "$3")
 launcher=""
 strategy=${5:-ddp}
 batches=${6:-}
-if [ $# -ge 4 ]; then launcher=$(realpath "$4"); fi
+if [ $# -ge 4 ] && [ "$4" != - ]; then launcher=$(realpath "$4"); fi
 # run_example ARGS...: the example, under loom-run when one was given.
 run_example() {
   if [ -n "$launcher" ]; then
