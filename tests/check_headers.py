@@ -90,11 +90,12 @@ def first_include(include_dir, header):
     return None
 
 
-def chain_of(include_dir, header, headers):
-    """HEADER and the loom headers its first include leads to, in the order
-    they are compiled last to first: each is compiled alone in HEADER's TU."""
+def chain_of(header, first):
+    """HEADER and the loom headers its first include leads to (FIRST: each
+    header's first include), in the order they are compiled last to first:
+    each is compiled alone in HEADER's TU."""
     chain = [header]
-    while (following := first_include(include_dir, chain[-1])) in headers and following not in chain:
+    while (following := first.get(chain[-1])) in first and following not in chain:
         chain.append(following)
     return chain
 
@@ -196,9 +197,12 @@ def main():
             status, output, seconds = compile_alone(root, root)
             if status == 0:
                 return [(header, 0, "", seconds, root) for header in chains[root]]
-            return [(header, *compile_alone(header, header), root) for header in chains[root]]
+            # ROOT's own TU is already its check alone.
+            return [(root, status, output, seconds, root)] + [
+                (header, *compile_alone(header, header), root) for header in chains[root][1:]]
 
-        chains = {header: chain_of(include_dir, header, set(headers)) for header in headers}
+        first = {header: first_include(include_dir, header) for header in headers}
+        chains = {header: chain_of(header, first) for header in headers}
         order = sorted(roots(chains, chosen), key=lambda h: -1 if chosen[h] is None else used.index(chosen[h]))
         checks = [pool.submit(check, root) for root in order]
         for index, made in built.items():

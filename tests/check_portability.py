@@ -35,8 +35,8 @@ are undefined after it. The others are included as they are: src/'s together
 (libloom's own unity build compiles them so), the others a folder's together
 (one program's or one test executable's TUs, which link together), with at
 most one `main` or `extern "C"` TU to a group (two model libraries' entry
-points would clash; grouped by folder, 46 TUs became 39 and the check 132 s
--> 107 s here). A group that
+points would clash; grouped by folder, 46 TUs became 40 and the check 132 s
+-> 107-112 s here). A group that
 fails, or warns from loom's code, compiles again one TU at a time, and those
 results are the ones reported: a name two TUs both define never fails the
 check, and every failure names its own TU (a planted error in src/ and an
