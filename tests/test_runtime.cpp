@@ -6,6 +6,7 @@
 #include <loom/any_fabric.hpp>
 #include <loom/loom.hpp>
 #include <loom/strategy/zero_config.hpp>  // the resolved DeepSpeed configuration
+#include <loom/accelerator/cpu_features.hpp>
 #include <loom/runtime/connector.hpp>
 #include <loom/runtime/register_strategy.hpp>
 #include <loom/runtime/registry.hpp>
@@ -24,12 +25,30 @@ using loom::runtime::connect;
 using loom::runtime::connector_input;
 using env_map = std::map<std::string, std::string>;
 
+// A CPU whose bfloat16 matmuls are vectorized (AVX-512), so that bf16 adds no
+// warning whatever machine runs the tests; slow_bf16_machine() is the other.
 const loom::runtime::machine_facts& cpu_machine() {
-  static const auto facts = loom::runtime::builtin_machine(0, false);
+  static const auto facts = [] {
+    auto machine = loom::runtime::builtin_machine(0, false);
+    machine.cpu_vector_bf16 = true;
+    return machine;
+  }();
+  return facts;
+}
+const loom::runtime::machine_facts& slow_bf16_machine() {  // AVX2 only: a scalar loop computes bf16 matmuls
+  static const auto facts = [] {
+    auto machine = loom::runtime::builtin_machine(0, false);
+    machine.cpu_vector_bf16 = false;
+    return machine;
+  }();
   return facts;
 }
 const loom::runtime::machine_facts& gpu_machine() {  // a CUDA build with 2 devices (names only: nothing runs)
-  static const auto facts = loom::runtime::builtin_machine(2, true);
+  static const auto facts = [] {
+    auto machine = loom::runtime::builtin_machine(2, true);
+    machine.cpu_vector_bf16 = true;
+    return machine;
+  }();
   return facts;
 }
 
@@ -100,6 +119,19 @@ TEST_CASE("connector: precision inputs and Lightning's fallbacks", "[runtime]") 
   REQUIRE(fallback.warnings.size() == 1);
   CHECK_THAT(fallback.warnings[0], Catch::Contains("not supported on CPU") && Catch::Contains("bf16-mixed"));
   CHECK(resolve({.accelerator = "cuda", .precision = "16-mixed"}, {}, gpu_machine()).precision == "16-mixed");
+  // bf16 on a CPU without AVX-512 runs, and says why it is slow and what to use.
+  for (const char* bf16 : {"bf16-mixed", "bf16-true"}) {
+    auto slow = resolve({.precision = bf16}, {}, slow_bf16_machine());
+    CHECK(slow.precision == bf16);
+    REQUIRE(slow.warnings.size() == 1);
+    CHECK_THAT(slow.warnings[0], Catch::Contains(std::string("precision='") + bf16 + "' on this CPU") &&
+                                     Catch::Contains("AVX-512") && Catch::Contains("scalar loop") &&
+                                     Catch::Contains("Use '32-true' here"));
+  }
+  CHECK(resolve({.precision = "32-true"}, {}, slow_bf16_machine()).warnings.empty());
+  auto slow_cuda = gpu_machine();
+  slow_cuda.cpu_vector_bf16 = false;
+  CHECK(resolve({.accelerator = "cuda", .precision = "bf16-mixed"}, {}, slow_cuda).warnings.empty());
   CHECK(resolve({.accelerator = "cuda", .precision = "16-true"}, {}, gpu_machine()).precision == "16-true");
   CHECK_THAT(refusal({.precision = "16-true"}), Catch::Contains("no fp16 matmul") && Catch::Contains("bf16-true"));
   CHECK_THAT(refusal({.precision = "8-true"}),
@@ -115,7 +147,8 @@ TEST_CASE("resolve prints each connector warning once per process", "[runtime]")
   auto* const original = std::cerr.rdbuf(captured.rdbuf());
   for (int i = 0; i < 3; ++i) {
     const auto resolved = loom::runtime::resolve(loom::fabric_config{.precision = "bf16"}, std::nullopt);
-    CHECK(resolved.chosen.warnings.size() == 1);  // the list keeps it every time
+    // The list keeps it every time (and, on a CPU without AVX-512, the bf16 one).
+    CHECK(resolved.chosen.warnings.size() == (loom::cpu_features::vector_bf16_matmul() ? 1u : 2u));
   }
   std::cerr.rdbuf(original);
   const std::string text = captured.str();

@@ -1,5 +1,6 @@
 // Lightning's connector rules (lightning/fabric/connector.py), in the order
 // Lightning applies them, with loom's errors for what C++ cannot run.
+#include <loom/accelerator/cpu_features.hpp>
 #include <loom/accelerator/parse_devices.hpp>
 #include <loom/errors.hpp>
 #include <loom/concepts/compatibility_rules.hpp>
@@ -14,6 +15,7 @@ machine_facts builtin_machine(int cuda_devices, bool cuda_built) {
   machine_facts facts;
   facts.cuda_devices = cuda_built ? cuda_devices : 0;
   facts.cuda_built = cuda_built;
+  facts.cpu_vector_bf16 = cpu_features::vector_bf16_matmul();
   facts.find_strategy = [](std::string_view name) { return runtime::find_strategy(name); };
   for (const auto& entry : strategy_names()) {
     if (entry.built) facts.available_strategies.push_back(entry.name);
@@ -202,6 +204,12 @@ connection connect(connector_input input, const machine_facts& machine, const cl
     out.warnings.push_back("You passed precision='16-mixed' with accelerator='cpu' but AMP with fp16 is not "
                            "supported on CPU. Using precision='bf16-mixed' instead.");
     precision = "bf16-mixed";
+  }
+  if (accelerator == "cpu" && precision.starts_with("bf16") && !machine.cpu_vector_bf16) {
+    out.warnings.push_back("precision='" + precision + "' on this CPU: it lacks AVX-512 (BW, VL and DQ), which "
+                           "LibTorch's oneDNN bfloat16 matmuls need, so a scalar loop computes them, 15 to 25 times "
+                           "slower than precision='32-true' (docs/launching.md). Use '32-true' here, or a CPU with "
+                           "AVX-512.");
   }
   if (const rules::rule broken = rules::first_broken(rules::builtin_accelerator(accelerator), strategy_facts,
                                                       rules::builtin_precision(precision));

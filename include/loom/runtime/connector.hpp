@@ -51,6 +51,9 @@ struct connector_input {
 struct machine_facts {
   int cuda_devices = 0;     // usable CUDA devices (0 when LibTorch has no CUDA)
   bool cuda_built = false;  // LibTorch was built with CUDA
+  // LibTorch computes bfloat16 matmuls on this CPU with vector instructions
+  // (cpu_features::vector_bf16_matmul); when not, bf16 on cpu warns.
+  bool cpu_vector_bf16 = true;
   // The strategy names known (Lightning's and loom's, built or not, plus
   // names users registered); defaults to runtime::find_strategy.
   std::function<const strategy_name*(std::string_view)> find_strategy;
