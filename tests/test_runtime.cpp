@@ -25,30 +25,24 @@ using loom::runtime::connect;
 using loom::runtime::connector_input;
 using env_map = std::map<std::string, std::string>;
 
-// A CPU whose bfloat16 matmuls are vectorized (AVX-512), so that bf16 adds no
-// warning whatever machine runs the tests; slow_bf16_machine() is the other.
+// Machine facts whose CPU does or does not vectorize bfloat16 matmuls
+// (AVX-512), so that bf16 adds a warning only where a test asks for one,
+// whatever machine runs the tests.
+loom::runtime::machine_facts machine_with(int cuda_devices, bool cuda_built, bool vector_bf16) {
+  auto facts = loom::runtime::builtin_machine(cuda_devices, cuda_built);
+  facts.cpu_vector_bf16 = vector_bf16;
+  return facts;
+}
 const loom::runtime::machine_facts& cpu_machine() {
-  static const auto facts = [] {
-    auto machine = loom::runtime::builtin_machine(0, false);
-    machine.cpu_vector_bf16 = true;
-    return machine;
-  }();
+  static const auto facts = machine_with(0, false, true);
   return facts;
 }
 const loom::runtime::machine_facts& slow_bf16_machine() {  // AVX2 only: a scalar loop computes bf16 matmuls
-  static const auto facts = [] {
-    auto machine = loom::runtime::builtin_machine(0, false);
-    machine.cpu_vector_bf16 = false;
-    return machine;
-  }();
+  static const auto facts = machine_with(0, false, false);
   return facts;
 }
 const loom::runtime::machine_facts& gpu_machine() {  // a CUDA build with 2 devices (names only: nothing runs)
-  static const auto facts = [] {
-    auto machine = loom::runtime::builtin_machine(2, true);
-    machine.cpu_vector_bf16 = true;
-    return machine;
-  }();
+  static const auto facts = machine_with(2, true, true);
   return facts;
 }
 
@@ -129,9 +123,7 @@ TEST_CASE("connector: precision inputs and Lightning's fallbacks", "[runtime]") 
                                      Catch::Contains("Use '32-true' here"));
   }
   CHECK(resolve({.precision = "32-true"}, {}, slow_bf16_machine()).warnings.empty());
-  auto slow_cuda = gpu_machine();
-  slow_cuda.cpu_vector_bf16 = false;
-  CHECK(resolve({.accelerator = "cuda", .precision = "bf16-mixed"}, {}, slow_cuda).warnings.empty());
+  CHECK(resolve({.accelerator = "cuda", .precision = "bf16-mixed"}, {}, machine_with(2, true, false)).warnings.empty());
   CHECK(resolve({.accelerator = "cuda", .precision = "16-true"}, {}, gpu_machine()).precision == "16-true");
   CHECK_THAT(refusal({.precision = "16-true"}), Catch::Contains("no fp16 matmul") && Catch::Contains("bf16-true"));
   CHECK_THAT(refusal({.precision = "8-true"}),
