@@ -21,28 +21,34 @@ prelude took 43 s to build here for 12 TUs, more than they spend parsing
 those headers). Every TU pays for the prelude's pending template
 instantiations (about 4.5 s for torch.h on this machine's g++ 12), so the
 fewer TUs the better (below). TUs that reach no LibTorch header compile
-without a prelude, on the other cores while the prelude builds.
+without a prelude (grouped the same way), on the other cores while the
+prelude builds.
 
-To pay that fixed cost less often, TUs of one tier compile up to GROUP_SIZE
-at a time as one TU that #includes them (a unity TU). A TU that defines into
-no named namespace of its own (every program, test, tool and example but a
-few) is wrapped: included inside a namespace of its own (`namespace
-loom_unity_N {`), after its preprocessor lines at file scope (its includes,
-their conditions, its macros): its anonymous namespace, static functions and
-main stay apart from every other member's, and the headers it includes are
-already in (their include guards keep them out of the namespace); its macros
-are undefined after it. The others are included as they are: src/'s together
+To pay that fixed cost less often, TUs of one tier compile up to GROUP_SIZE at
+a time as one TU that #includes them (a unity TU). A TU that defines into no
+named namespace of its own (every program, test, tool and example but a few)
+is wrapped: included inside a namespace of its own (`namespace loom_unity_N
+{`), after its preprocessor lines at file scope (its includes, their
+conditions, its macros): its anonymous namespace, static functions and main
+stay apart from every other member's, and the headers it includes are already
+in (their include guards keep them out of the namespace); its macros are
+undefined after it. The others are included as they are: src/'s together
 (libloom's own unity build compiles them so), the others a folder's together
 (one program's or one test executable's TUs, which link together), with at
 most one `main` or `extern "C"` TU to a group (two model libraries' entry
-points would clash; grouped by folder, 46 TUs became 40 and the check 132 s
--> 107-112 s here). A group that
-fails, or warns from loom's code, compiles again one TU at a time, and those
-results are the ones reported: a name two TUs both define never fails the
-check, and every failure names its own TU (a planted error in src/ and an
-unused variable in a program's main were each reported so, by their TU). What a unity TU cannot tell is a TU that compiles only after another
-one's includes; the torch.h prelude already hides most of those, and the 1.13
-build and header_self_containment compile each TU and header alone.
+points would clash; grouped by folder, 46 TUs became 40 and the check 132 s ->
+107-112 s here). On a 2-core AMD EPYC VM, alone: the 28 torch-free TUs in 6
+groups instead of one at a time, 21 -> 12 s (41 -> 20 s of CPU); then groups
+of up to 32 instead of 16, the whole check 138 -> 121 s (19 TUs -> 16; 24 to a
+group: 126 s). A group that fails, or warns from loom's code, compiles again
+one TU at a time, and those results are the ones reported: a name two TUs both
+define never fails the check, and every failure names its own TU (a planted
+error in src/ and an unused variable in a program's main were each reported
+so, by their TU; so were a planted error in a torch-free src/ TU and a planted
+unused variable in loom-plot's main, in groups of 32). What a unity TU cannot
+tell is a TU that compiles only after another one's includes; the torch.h
+prelude already hides most of those, and the 1.13 build and
+header_self_containment compile each TU and header alone.
 """
 import concurrent.futures
 import functools
@@ -55,7 +61,7 @@ import tarfile
 import time
 
 SKIP = 77
-GROUP_SIZE = 16
+GROUP_SIZE = 32
 # A TU that opens a named namespace at file scope defines into it (loom's, a
 # tool's): nested in another namespace, its definitions would go astray.
 NAMED_NAMESPACE = re.compile(r"^namespace\s+[A-Za-z_]", re.M)
@@ -246,10 +252,10 @@ def groups_of(source, units, tier):
     """UNITS as unity groups of one tier: src/'s unwrapped TUs in groups of
     their own (at most GROUP_SIZE), the other unwrapped TUs in groups by
     folder, the wrapped TUs (the largest first) filling the smallest group,
-    with about GROUP_SIZE to a group; torch-free TUs (cheap: no prelude)
-    alone. The largest groups first, for the pool."""
+    with about GROUP_SIZE to a group; the torch-free TUs (no prelude) in
+    groups of their own the same way. The largest groups first, for the pool."""
     groups = []
-    for name in sorted(set(tier.values()) - {None}):
+    for name in sorted(set(tier.values()), key=lambda name: name or ""):
         members = [u for u in units if tier[u] == name]
         wrapped = [u for u in members if wrappable(source, u)]
         library = [u for u in members if u not in wrapped and u.startswith("src/")]
@@ -260,8 +266,7 @@ def groups_of(source, units, tier):
         for unit in sorted(wrapped, key=lambda u: -len(text_of(source, u))):
             min(seeded, key=len).append(unit)
         groups += seeded
-    alone = [[u] for u in units if tier[u] is None]
-    return sorted(groups, key=len, reverse=True) + alone
+    return sorted(groups, key=len, reverse=True)
 
 
 def unity_text(source, members):
