@@ -226,7 +226,12 @@ struct plan {
   bool build = false, step = false, save = false, consolidate = false, load = false, full_load = false,
        reshard = false;
   bool eager_consolidate = false;  // today's path before streaming: the merged checkpoint whole in memory
-  bool eager_load = false;         // today's path before per-rank reads: the checkpoint read whole
+  // today's path before per-rank reads, the checkpoint read whole: in the
+  // load of the save (eager_load) or of its consolidated file (eager_full_load)
+  bool eager_load = false, eager_full_load = false;
+  // The consolidation law (uncapped): in the runs that measure every phase;
+  // a control ends at its phase, and the law adds a whole merged checkpoint.
+  bool consolidation_law = true;
   bool full_save = false;          // state_dict_type full
   bool eager_save = false;         // today's path before streamed full saves: the parameters gathered whole
   std::string checkpoint;    // where the save goes
@@ -320,7 +325,7 @@ void run_phases(F& fabric, loom::counting_allocator& tensors, const plan& capped
       }
     }
     report(fabric, "consolidate", measure.end(), consolidate_formula, capped.consolidate);
-    if (r == 0 && !capped.eager_consolidate && n <= 4) {
+    if (r == 0 && capped.consolidation_law && n <= 4) {
       // Uncapped: byte for byte what the merged checkpoint, whole, writes
       // (on 4 ranks: on 8 the same code writes the same layout, and 8
       // ranks on 2 cores are the test's slowest part).
@@ -341,10 +346,10 @@ void run_phases(F& fabric, loom::counting_allocator& tensors, const plan& capped
   // back (sharded), its consolidated file (full), and a save written on
   // another number of ranks (reshard). Each equals what it loads.
   const std::int64_t load_formula = 16 * psi / n + static_cast<std::int64_t>(loom::local_read_buffer_bytes);
-  auto load_phase = [&](const std::string& phase, const std::string& from, bool cap) {
+  auto load_phase = [&](const std::string& phase, const std::string& from, bool cap, bool eager) {
     const std::int64_t read_before = loom_test::bytes_read();
     measure.begin(phase, load_formula, cap);
-    if (capped.eager_load) {
+    if (eager) {
       // Today's path before per-rank reads: every rank read the whole checkpoint.
       const auto whole = loom::is_sharded_checkpoint(from)     ? loom::read_sharded_checkpoint(from)
                          : loom::is_deepspeed_checkpoint(from) ? loom::read_deepspeed_checkpoint(from)
@@ -364,9 +369,9 @@ void run_phases(F& fabric, loom::counting_allocator& tensors, const plan& capped
     }
   };
   const bool consolidated = loom::is_sharded_checkpoint(path) || loom::is_deepspeed_checkpoint(path);
-  if (consolidated) load_phase("load", path, capped.load);
-  load_phase("full_load", consolidated ? path + ".pt" : path, capped.full_load);
-  if (!capped.reshard_from.empty()) load_phase("reshard", capped.reshard_from, capped.reshard);
+  if (consolidated) load_phase("load", path, capped.load, capped.eager_load);
+  load_phase("full_load", consolidated ? path + ".pt" : path, capped.full_load, capped.eager_full_load);
+  if (!capped.reshard_from.empty()) load_phase("reshard", capped.reshard_from, capped.reshard, false);
 
   // Uncapped: the gathered parameters against one process with batch B.
   current = {"check", 0};
@@ -438,7 +443,9 @@ int main(int argc, char** argv) {
                       .full_load = all || (scenario == "control_full_load" && last),
                       .reshard = all,
                       .eager_consolidate = scenario == "control_consolidate",
-                      .eager_load = scenario == "control_load" || scenario == "control_full_load",
+                      .eager_load = scenario == "control_load",
+                      .eager_full_load = scenario == "control_full_load",
+                      .consolidation_law = !scenario.starts_with("control_"),
                       .full_save = full_save,
                       .eager_save = scenario == "control_save",
                       .checkpoint = laws::test_dir() + "/memory_" + which + "_" + scenario + "_" + argv[3],
