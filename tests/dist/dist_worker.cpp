@@ -18,7 +18,11 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <iterator>
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <sstream>
@@ -305,6 +309,41 @@ void check_comm_dtype(loom::comm::process_group& group, c10::ScalarType dtype, l
   EXPECT(torch::equal(gathered, expected_gather), label("the group works after refused calls").c_str());
 }
 
+// Each thread's nice value (/proc/self/task/TID/stat's 19th field, after
+// the command name in parentheses), by thread id.
+std::map<std::string, int> thread_nice_values() {
+  std::map<std::string, int> nice_of;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream stat(task.path() / "stat");
+    const std::string line((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    std::istringstream fields(line.substr(line.rfind(')') + 1));
+    std::string field;
+    for (int index = 3; index <= 19 && fields >> field; ++index) {
+      if (index == 19) nice_of[task.path().filename().string()] = std::stoi(field);
+    }
+  }
+  return nice_of;
+}
+
+// Gloo's event loop runs 10 nicer than the rank (process_group.cpp: it
+// spins while a collective holds a pair's lock); every other thread,
+// the collectives' included, at the rank's own nice.
+void check_gloo_event_loop_nice() {
+  const auto nice_of = thread_nice_values();
+  const int own = nice_of.at(std::to_string(::gettid()));
+  const int loop = std::min(own + 10, 19);
+  int at_loop = 0, elsewhere = 0;
+  for (const auto& [thread, nice] : nice_of) {
+    if (nice == loop && nice != own) ++at_loop;
+    else if (nice != own) ++elsewhere;
+  }
+  EXPECT(own == 19 || (at_loop >= 1 && elsewhere == 0),
+         "Gloo's event loop runs at the rank's nice + 10, every other thread at the rank's");
+  if (rank_for_messages == 0) {
+    std::printf("nice: the rank's threads at %d, %d at %d (Gloo's event loop)\n", own, at_loop, loop);
+  }
+}
+
 int run_comm() {
   cpu_allocations.inner = c10::GetDefaultCPUAllocator();
   c10::SetCPUAllocator(&cpu_allocations, /*priority=*/100);
@@ -314,6 +353,7 @@ int run_comm() {
   const int r = group.rank();
   const int w = group.size();
   rank_for_messages = r;
+  check_gloo_event_loop_nice();
   EXPECT(group.capabilities().name == "gloo" && !group.capabilities().reduce_scatter &&
              !group.capabilities().bf16_collectives,
          "Gloo's row of the capability table");
