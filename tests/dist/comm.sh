@@ -1,5 +1,6 @@
 #!/bin/sh
-# comm/'s fixed-shape and asynchronous collectives on real processes: every
+# comm/'s fixed-shape and asynchronous collectives on real processes (Gloo's
+# event loop at nice +10, the others at the rank's): every
 # entry point with fp32, fp16, bf16 and int64, both Gloo emulations, mesh
 # sub-groups, handles waited out of order, no allocation once warm.
 set -eu
