@@ -15,13 +15,12 @@
 #include <torch/nn/modules/linear.h>
 
 #include <chrono>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <iterator>
 #include <algorithm>
 #include <atomic>
 #include <map>
@@ -29,6 +28,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <sys/resource.h>
 #include <unistd.h>
 #include <vector>
 
@@ -309,18 +309,15 @@ void check_comm_dtype(loom::comm::process_group& group, c10::ScalarType dtype, l
   EXPECT(torch::equal(gathered, expected_gather), label("the group works after refused calls").c_str());
 }
 
-// Each thread's nice value (/proc/self/task/TID/stat's 19th field, after
-// the command name in parentheses), by thread id.
-std::map<std::string, int> thread_nice_values() {
-  std::map<std::string, int> nice_of;
+// Each thread's nice value, by thread id (Linux: getpriority of a thread id
+// is that thread's own).
+std::map<pid_t, int> thread_nice_values() {
+  std::map<pid_t, int> nice_of;
   for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
-    std::ifstream stat(task.path() / "stat");
-    const std::string line((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-    std::istringstream fields(line.substr(line.rfind(')') + 1));
-    std::string field;
-    for (int index = 3; index <= 19 && fields >> field; ++index) {
-      if (index == 19) nice_of[task.path().filename().string()] = std::stoi(field);
-    }
+    const auto thread = static_cast<pid_t>(std::stol(task.path().filename().string()));
+    errno = 0;  // -1 is a nice value as well as the error return
+    const int nice = ::getpriority(PRIO_PROCESS, static_cast<id_t>(thread));
+    if (errno == 0) nice_of[thread] = nice;  // else the thread ended meanwhile
   }
   return nice_of;
 }
@@ -330,7 +327,7 @@ std::map<std::string, int> thread_nice_values() {
 // the collectives' included, at the rank's own nice.
 void check_gloo_event_loop_nice() {
   const auto nice_of = thread_nice_values();
-  const int own = nice_of.at(std::to_string(::gettid()));
+  const int own = nice_of.at(::gettid());
   const int loop = std::min(own + 10, 19);
   int at_loop = 0, elsewhere = 0;
   for (const auto& [thread, nice] : nice_of) {
